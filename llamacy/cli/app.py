@@ -1,0 +1,38 @@
+"""The Typer application: one module per command registers itself here."""
+
+from __future__ import annotations
+
+import typer
+
+from llamacy.cli import bench as bench_cmd
+from llamacy.cli import info as info_cmd
+from llamacy.cli import run as run_cmd
+
+app = typer.Typer(
+    name="llamacy",
+    help="Fast CPU inference for GGUF language models.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from llamacy import __version__
+
+        typer.echo(f"llamacy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    """Fast CPU inference for GGUF language models."""
+
+
+app.command("run", help="Complete a prompt and print the completion.")(run_cmd.run)
+app.command("info", help="Describe a model file: architecture, size, quant mix, memory needs.")(info_cmd.info)
+app.command("bench", help="Measure prompt processing (pp) and generation (tg) speed.")(bench_cmd.bench)

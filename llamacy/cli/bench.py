@@ -1,0 +1,62 @@
+"""`llamacy bench`: prompt-processing and generation speed, in the reference bench tool's format."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+
+def _ints(text: str, name: str, minimum: int) -> list[int]:
+    from llamacy.errors import UsageError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{name} takes a comma-separated list of integers, got {text!r}") from None
+    if any(v < minimum for v in values):
+        raise UsageError(f"{name} values must be at least {minimum}, got {text!r}")
+    return values
+
+
+def bench(
+    model: list[str] = typer.Option(None, "--model", "-m", help="Model path or name; repeat or comma-separate."),
+    n_prompt: str = typer.Option("512", "--n-prompt", "-p", help="Prompt sizes for pp tests (comma list)."),
+    n_gen: str = typer.Option("128", "--n-gen", "-n", help="Generation lengths for tg tests (comma list)."),
+    threads: str = typer.Option(None, "--threads", "-t", help="Thread counts (comma list; default: all cores)."),
+    repetitions: int = typer.Option(5, "--repetitions", "-r", help="Runs per test after one warm-up."),
+    output: str = typer.Option("md", "--output", "-o", help="md, json or csv."),
+) -> None:
+    from llamacy.errors import UsageError
+
+    if output not in ("md", "json", "csv"):
+        raise UsageError(f"--output must be md, json or csv, got {output!r}")
+    if repetitions < 1:
+        raise UsageError(f"--repetitions must be at least 1, got {repetitions}")
+    prompts = [p for p in _ints(n_prompt, "--n-prompt", 0) if p]
+    gens = [g for g in _ints(n_gen, "--n-gen", 0) if g]
+    models = [m for spec in (model or [None]) for m in (spec.split(",") if spec else [None])]
+
+    from llamacy.bench import csv, markdown, run_test
+    from llamacy.engine import Llama
+    from llamacy.model import default_threads
+
+    thread_counts = _ints(threads, "--threads", 1) if threads else [default_threads()]
+    results = []
+    for m in models:
+        need = max([*prompts, *gens, 1])
+        llm = Llama(m, n_ctx=need, n_threads=max(thread_counts), n_batch=max(prompts or [1]))
+        for t in thread_counts:
+            llm.n_threads = llm.model.n_threads = t
+            for p in prompts:
+                results.append(run_test(llm, p, 0, repetitions))
+                if output == "md":
+                    typer.echo(markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results))
+            for g in gens:
+                results.append(run_test(llm, 0, g, repetitions))
+                if output == "md":
+                    typer.echo(markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results))
+    if output == "json":
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    elif output == "csv":
+        typer.echo(csv(results), nl=False)

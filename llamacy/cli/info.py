@@ -1,0 +1,92 @@
+"""`llamacy info`: what a model file is and what running it will cost, without loading the weights."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import typer
+
+from llamacy.cli import options as opt
+
+
+def describe(model: str | None, ctx_size: int | None) -> dict[str, Any]:
+    from llamacy.catalog import resolve_model
+    from llamacy.engine import DEFAULT_CTX
+    from llamacy.ggml_types import type_name
+    from llamacy.gguf import GGUFFile
+    from llamacy.model.architectures import config_from_metadata
+
+    path = resolve_model(model)
+    f = GGUFFile(path)
+    md = f.metadata
+    cfg = config_from_metadata(md, path.name)
+    n_ctx = ctx_size or min(cfg.n_ctx_train, DEFAULT_CTX)
+    weights = sum(t.n_bytes for t in f.tensors.values())
+    kv = cfg.kv_bytes(n_ctx)
+    return {
+        "path": str(path),
+        "name": cfg.name,
+        "architecture": cfg.arch,
+        "parameters": int(sum(t.n_elements for t in f.tensors.values())),
+        "file_size": f.file_size,
+        "quant_mix": dict(Counter(type_name(t.type) for t in f.tensors.values()).most_common()),
+        "context_length": cfg.n_ctx_train,
+        "layers": cfg.n_layer,
+        "embedding": cfg.n_embd,
+        "heads": cfg.n_head,
+        "kv_heads": cfg.n_head_kv,
+        "head_dim": cfg.head_dim,
+        "feed_forward": cfg.n_ff,
+        "vocab_size": cfg.n_vocab,
+        "tokenizer": md.get("tokenizer.ggml.model"),
+        "tokenizer_pre": md.get("tokenizer.ggml.pre"),
+        "chat_template": "tokenizer.chat_template" in md,
+        "ctx_size": n_ctx,
+        "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv},
+    }
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def info(
+    model: str = typer.Argument(None, help="A GGUF file or known model name (default: smollm2-135m)."),
+    ctx_size: int = opt.CTX,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    opt.check_counts(None, ctx_size)
+    d = describe(model, ctx_size)
+    if as_json:
+        typer.echo(json.dumps(d, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    mix = ", ".join(f"{k}×{v}" for k, v in d["quant_mix"].items())
+    rows = [
+        ("model", f"{d['name']} ({d['path']})"),
+        ("architecture", d["architecture"]),
+        ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
+        ("file size", _size(d["file_size"])),
+        ("tensor types", mix),
+        ("shape", f"{d['layers']} layers, {d['embedding']} wide, {d['heads']} heads ({d['kv_heads']} KV) "
+                  f"of {d['head_dim']}, feed-forward {d['feed_forward']}"),
+        ("context length", str(d["context_length"])),
+        ("vocabulary", f"{d['vocab_size']} tokens, {d['tokenizer']} (pre: {d['tokenizer_pre']})"),
+        ("chat template", "yes" if d["chat_template"] else "no (a built-in one is chosen)"),
+        ("memory", f"{_size(d['memory']['total'])} at --ctx-size {d['ctx_size']} "
+                   f"(weights {_size(d['memory']['weights'])} + KV cache {_size(d['memory']['kv_cache'])})"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    Console(highlight=False).print(t)

@@ -1,0 +1,60 @@
+"""Where generated text goes: Rich on a terminal, plain flushed text in a pipe; stats to stderr."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class CompletionWriter:
+    """Streams a completion. Pipes get the bare text, flushed per piece; terminals get Rich styling."""
+
+    def __init__(self, echo: bool | None = None) -> None:
+        self.tty = sys.stdout.isatty()
+        self.echo = self.tty if echo is None else echo
+        self.console: Any = None
+        if self.tty:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, soft_wrap=True)
+        self._ended_with_newline = True
+
+    def prompt(self, text: str) -> None:
+        if not self.echo:
+            return
+        if self.console is not None:
+            self.console.print(text, style="dim", end="", markup=False)
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def write(self, piece: str) -> None:
+        if not piece:
+            return
+        if self.console is not None:
+            self.console.print(piece, end="", markup=False)
+        else:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        self._ended_with_newline = piece.endswith("\n")
+
+    def end(self) -> None:
+        # A terminal prompt should start on its own line; a pipe gets exactly what the model wrote.
+        if self.console is not None and not self._ended_with_newline:
+            self.console.print()
+
+
+def print_stats(llm: Any) -> None:
+    from rich.console import Console
+
+    c = llm.last
+    if c is None:
+        return
+    st = c.stats
+    err = Console(stderr=True, highlight=False)
+    err.print(
+        f"[dim]load {st.load_s * 1000:.0f} ms · prompt {st.prompt_evaluated} tok in {st.prompt_s * 1000:.0f} ms "
+        f"({st.prompt_tps:.1f} tok/s) · generated {st.gen_tokens} tok in {st.gen_s * 1000:.0f} ms "
+        f"({st.gen_tps:.1f} tok/s) · first token {st.first_token_s * 1000:.0f} ms · "
+        f"finish: {c.finish_reason}[/dim]"
+    )

@@ -1,0 +1,76 @@
+"""`llamacy run`: complete one prompt. In a pipe, stdout carries the completion and nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from llamacy.cli import options as opt
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    from llamacy.errors import UsageError
+
+    if file is not None and prompt not in (None, "-"):
+        raise UsageError("give the prompt as an argument or with --file, not both")
+    if file is not None:
+        try:
+            data = file.read_bytes()
+        except OSError as e:
+            raise UsageError(f"cannot read prompt file {file}: {e.strerror}") from None
+    elif prompt == "-":
+        data = sys.stdin.buffer.read()
+    elif prompt is None:
+        raise UsageError("no prompt: give one as an argument, '-' for stdin, or --file")
+    else:
+        return prompt
+    # Invalid UTF-8 becomes U+FFFD rather than an error: the model still sees the rest of the text.
+    text = data.decode("utf-8", errors="replace")
+    # `echo ... |` and editors end input with one newline that the user did not mean as part of the prompt.
+    return text[:-1] if text.endswith("\n") else text
+
+
+def run(
+    prompt: str = typer.Argument(None, help="The prompt; '-' reads it from stdin."),
+    file: Path = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
+    model: str = opt.MODEL,
+    predict: int = typer.Option(256, "--predict", "-n", help="Tokens to generate; -1 = until the model stops."),
+    ctx_size: int = opt.CTX,
+    threads: int = opt.THREADS,
+    temp: float = opt.TEMP,
+    top_k: int = opt.TOP_K,
+    top_p: float = opt.TOP_P,
+    min_p: float = opt.MIN_P,
+    repeat_penalty: float = opt.REPEAT_PENALTY,
+    repeat_last_n: int = opt.REPEAT_LAST_N,
+    presence_penalty: float = opt.PRESENCE,
+    frequency_penalty: float = opt.FREQUENCY,
+    seed: int = opt.SEED,
+    stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not printed); repeatable."),
+    echo: bool = typer.Option(None, "--echo/--no-echo", help="Print the prompt before the completion "
+                              "(default: on a terminal only)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
+) -> None:
+    opt.check_counts(threads, ctx_size, predict)
+    sampling = opt.sampling_kwargs(
+        temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed
+    )
+    text = read_prompt(prompt, file)
+
+    from llamacy.cli.output import CompletionWriter, print_stats
+    from llamacy.engine import Llama
+
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads)
+    out = CompletionWriter(echo=echo)
+    out.prompt(text)
+    try:
+        for piece in llm.generate(text, max_tokens=predict, stop=stop or (), **sampling):
+            out.write(piece)
+    except KeyboardInterrupt:
+        out.end()
+        raise
+    out.end()
+    if verbose:
+        print_stats(llm)

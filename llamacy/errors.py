@@ -1,0 +1,27 @@
+"""Errors a user may see. Each carries a one-line message; the CLI prints it and exits non-zero."""
+
+from __future__ import annotations
+
+
+class LlamacyError(Exception):
+    """An error with a message meant for the user, not a traceback."""
+
+    exit_code: int = 1
+
+
+class UsageError(LlamacyError):
+    """Bad options or input: the user can fix the command line."""
+
+    exit_code = 2
+
+
+class ContextOverflowError(UsageError):
+    """A prompt (or a conversation) longer than the context window."""
+
+
+class UnsupportedModelError(LlamacyError):
+    """A valid GGUF file that this engine cannot run (architecture, tokenizer or tensor type)."""
+
+
+class CPUError(LlamacyError):
+    """The CPU lacks an instruction set the kernels were built for."""

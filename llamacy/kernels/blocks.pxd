@@ -1,0 +1,105 @@
+# The GGML block formats, bit-exact with ggml-common.h, as Cython sees them.
+#
+# Weights are read in place from the memory-mapped GGUF file, so these structs must match the file byte
+# for byte: packed (no padding, alignment 1, so any block address is valid) and fp16 scales kept as their
+# raw uint16 bits (converted with F16C where it matters). tests/test_kernels.py checks every sizeof against
+# gguf.constants.GGML_QUANT_SIZES.
+from libc.stdint cimport int8_t, uint8_t, uint16_t
+
+cdef enum:
+    QK4_0 = 32
+    QK4_1 = 32
+    QK5_0 = 32
+    QK5_1 = 32
+    QK8_0 = 32
+    QK_K = 256
+    K_SCALE_SIZE = 12
+
+# The ggml type ids we compute with (llamacy.ggml_types.GGMLType mirrors the full list).
+cdef enum:
+    T_F32 = 0
+    T_F16 = 1
+    T_Q4_0 = 2
+    T_Q4_1 = 3
+    T_Q5_0 = 6
+    T_Q5_1 = 7
+    T_Q8_0 = 8
+    T_Q2_K = 10
+    T_Q3_K = 11
+    T_Q4_K = 12
+    T_Q5_K = 13
+    T_Q6_K = 14
+    T_BF16 = 30
+
+# Float weights: one value per "block". Distinct types so kernels can be specialised on them.
+ctypedef packed struct block_f16:
+    uint16_t bits  # IEEE half
+
+ctypedef packed struct block_bf16:
+    uint16_t bits  # upper half of an IEEE single
+
+# x = d * (q - 8), q the 4-bit value; value j in the low nibble of qs[j], value j+16 in the high nibble.
+ctypedef packed struct block_q4_0:
+    uint16_t d
+    uint8_t qs[16]
+
+# x = d * q + m.
+ctypedef packed struct block_q4_1:
+    uint16_t d
+    uint16_t m
+    uint8_t qs[16]
+
+# x = d * (q - 16); bit j of the little-endian uint32 qh is the 5th bit of value j.
+ctypedef packed struct block_q5_0:
+    uint16_t d
+    uint8_t qh[4]
+    uint8_t qs[16]
+
+# x = d * q + m.
+ctypedef packed struct block_q5_1:
+    uint16_t d
+    uint16_t m
+    uint8_t qh[4]
+    uint8_t qs[16]
+
+# x = d * q.
+ctypedef packed struct block_q8_0:
+    uint16_t d
+    int8_t qs[32]
+
+# K-quants: super-blocks of 256 values.
+# Q2_K: 16 sub-blocks of 16; scales[i] = scale (low 4 bits) | min (high 4 bits); x = d*sc*q - dmin*m.
+ctypedef packed struct block_q2_K:
+    uint8_t scales[16]
+    uint8_t qs[64]
+    uint16_t d
+    uint16_t dmin
+
+# Q3_K: 16 sub-blocks of 16; q = 2 low bits - (4 if the hmask bit is clear); 6-bit scales, offset 32.
+ctypedef packed struct block_q3_K:
+    uint8_t hmask[32]
+    uint8_t qs[64]
+    uint8_t scales[12]
+    uint16_t d
+
+# Q4_K: 8 sub-blocks of 32; 6-bit scales and mins packed in 12 bytes; x = d*sc*q - dmin*m.
+ctypedef packed struct block_q4_K:
+    uint16_t d
+    uint16_t dmin
+    uint8_t scales[12]
+    uint8_t qs[128]
+
+# Q5_K: as Q4_K plus a 5th bit per value in qh (bit i of qh[l] belongs to sub-block i).
+ctypedef packed struct block_q5_K:
+    uint16_t d
+    uint16_t dmin
+    uint8_t scales[12]
+    uint8_t qh[32]
+    uint8_t qs[128]
+
+# Q6_K: 16 sub-blocks of 16 with int8 scales; 4 low bits in ql, 2 high bits in qh; x = d*sc*(q - 32).
+ctypedef packed struct block_q6_K:
+    uint8_t ql[128]
+    uint8_t qh[64]
+    int8_t scales[16]
+    uint16_t d

@@ -1,0 +1,750 @@
+# Quantized matrix products: Y[t, r] = dot(W row r, activation row t).
+#
+# Weights stay in their GGUF block format (read in place from the mmap); activations arrive quantized by
+# quant.quantize_act_row (ACT_Q8A for the 32-value types, ACT_F32 for float weights, ACT_Q8K for K-quants).
+# The inner products are integer SIMD as in the reference engines: 4/5-bit quants unpacked to unsigned
+# bytes, _mm256_maddubs_epi16 (u8 x s8 -> pairs of int16) then _mm256_madd_epi16 (-> int32), converted to
+# float once per 32-value block and scaled with one FMA.
+#
+# Work is cut into tiles of R weight rows x T tokens (tile_lg / tile_f). A tile unpacks each weight block
+# once into registers and reuses it for its T tokens, and loads each activation block once for its R rows:
+#   decode (n_tok == 1): DR rows x 1 token, so the activation block and its scale are shared by DR rows;
+#   prefill (n_tok > 1): PR rows x PT tokens, looping over token chunks of TCH inside a group of GR rows so
+#   that the group's weight rows stay in L1 while a chunk of activations stays in L2.
+# R and T are small constants at every call site; after inlining the compiler unrolls the r/t loops and
+# keeps the accumulator arrays in registers.
+#
+# Every SIMD kernel has a scalar twin (vd_*_scalar: plain loops over blocks, one row x one token) that is
+# what a portable build runs and what the tests hold the SIMD kernels against.
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
+from libc.string cimport memcpy
+
+import numpy as np
+import time
+
+from llamacy.kernels.blocks cimport *
+from llamacy.kernels.quant cimport (
+    ACT_F32, ACT_Q8A, ACT_Q8K, IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_format, act_row_bytes, block_q8a,
+    block_q8k, quantize_act_row_impl, weight_block_bytes, weight_block_values,
+)
+from llamacy.kernels.simd cimport *
+
+# Tile shapes (see the header comment). MAXR/MAXT bound the register arrays.
+cdef enum:
+    MAXR = 4
+    MAXT = 4
+    DR = 4      # decode: rows per tile
+    PR = 2      # prefill: rows per tile
+    PT = 4      # prefill: tokens per tile
+    GR = 16     # prefill: rows per parallel work item
+    TCH = 64    # prefill: tokens per chunk
+
+
+ctypedef fused lblock:
+    block_q4_0
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+
+ctypedef fused fblock:
+    float
+    block_f16
+    block_bf16
+
+# Tile shapes as types, so that Cython emits one C function per (block type, shape) with R and T literal
+# constants: the compiler then fully unrolls the r/t loops and keeps the accumulators in registers. (Left
+# to itself it clones only some call sites and runs the others with the arrays in memory.)
+ctypedef struct shape_dec:   # DR rows x 1 token
+    char unused
+ctypedef struct shape_pp:    # PR rows x PT tokens
+    char unused
+ctypedef struct shape_p1:    # PR rows x 1 token
+    char unused
+ctypedef struct shape_1p:    # 1 row x PT tokens
+    char unused
+ctypedef struct shape_11:    # 1 row x 1 token
+    char unused
+
+ctypedef fused tshape:
+    shape_dec
+    shape_pp
+    shape_p1
+    shape_1p
+    shape_11
+
+
+cdef inline int shape_rows(const tshape* s) noexcept nogil:
+    if tshape is shape_dec:
+        return DR
+    elif tshape is shape_pp or tshape is shape_p1:
+        return PR
+    else:
+        return 1
+
+
+cdef inline int shape_toks(const tshape* s) noexcept nogil:
+    if tshape is shape_pp or tshape is shape_1p:
+        return PT
+    else:
+        return 1
+
+
+cdef inline uint32_t load_u32(const uint8_t* p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
+# =========================================================================================================
+# Scalar twins: one weight row x one activation row, plain loops over blocks.
+
+
+cdef float vd_q4_0_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q4_0* w = <const block_q4_0*>vw
+    cdef const block_q8a* x = <const block_q8a*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum
+    cdef Py_ssize_t i, j
+    for i in range(cols // 32):
+        isum = 0
+        for j in range(16):
+            isum += ((w[i].qs[j] & 0xF) - 8) * x[i].qs[j] + ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + 16]
+        sumf += (fp16(w[i].d) * x[i].d) * <float>isum
+    return sumf
+
+
+cdef float vd_q4_1_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q4_1* w = <const block_q4_1*>vw
+    cdef const block_q8a* x = <const block_q8a*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum
+    cdef Py_ssize_t i, j
+    for i in range(cols // 32):
+        isum = 0
+        for j in range(16):
+            isum += (w[i].qs[j] & 0xF) * x[i].qs[j] + (w[i].qs[j] >> 4) * x[i].qs[j + 16]
+        # x = d*q + m: the m part needs only the activation block's sum, kept in s = d_x * sum(qs)
+        sumf += (fp16(w[i].d) * x[i].d) * <float>isum + fp16(w[i].m) * x[i].s
+    return sumf
+
+
+cdef float vd_q5_0_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q5_0* w = <const block_q5_0*>vw
+    cdef const block_q8a* x = <const block_q8a*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, q0, q1
+    cdef uint32_t qh
+    cdef Py_ssize_t i, j
+    for i in range(cols // 32):
+        qh = load_u32(w[i].qh)
+        isum = 0
+        for j in range(16):
+            q0 = <int32_t>((w[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16
+            q1 = <int32_t>((w[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
+            isum += q0 * x[i].qs[j] + q1 * x[i].qs[j + 16]
+        sumf += (fp16(w[i].d) * x[i].d) * <float>isum
+    return sumf
+
+
+cdef float vd_q5_1_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q5_1* w = <const block_q5_1*>vw
+    cdef const block_q8a* x = <const block_q8a*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, q0, q1
+    cdef uint32_t qh
+    cdef Py_ssize_t i, j
+    for i in range(cols // 32):
+        qh = load_u32(w[i].qh)
+        isum = 0
+        for j in range(16):
+            q0 = <int32_t>((w[i].qs[j] & 0xF) | (((qh >> j) & 1) << 4))
+            q1 = <int32_t>((w[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4))
+            isum += q0 * x[i].qs[j] + q1 * x[i].qs[j + 16]
+        sumf += (fp16(w[i].d) * x[i].d) * <float>isum + fp16(w[i].m) * x[i].s
+    return sumf
+
+
+cdef float vd_q8_0_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q8_0* w = <const block_q8_0*>vw
+    cdef const block_q8a* x = <const block_q8a*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum
+    cdef Py_ssize_t i, j
+    for i in range(cols // 32):
+        isum = 0
+        for j in range(32):
+            isum += w[i].qs[j] * x[i].qs[j]
+        sumf += (fp16(w[i].d) * x[i].d) * <float>isum
+    return sumf
+
+
+cdef float vd_f32_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const float* w = <const float*>vw
+    cdef const float* x = <const float*>vx
+    cdef float s = 0.0
+    cdef Py_ssize_t j
+    for j in range(cols):
+        s += w[j] * x[j]
+    return s
+
+
+cdef float vd_f16_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const uint16_t* w = <const uint16_t*>vw
+    cdef const float* x = <const float*>vx
+    cdef float s = 0.0
+    cdef Py_ssize_t j
+    for j in range(cols):
+        s += fp16(w[j]) * x[j]
+    return s
+
+
+cdef inline float bf16_to_f32(uint16_t h) noexcept nogil:
+    cdef uint32_t bits = (<uint32_t>h) << 16
+    cdef float f
+    memcpy(&f, &bits, 4)
+    return f
+
+
+cdef float vd_bf16_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const uint16_t* w = <const uint16_t*>vw
+    cdef const float* x = <const float*>vx
+    cdef float s = 0.0
+    cdef Py_ssize_t j
+    for j in range(cols):
+        s += bf16_to_f32(w[j]) * x[j]
+    return s
+
+
+ctypedef float (*vd_fn)(const void* w, const void* x, Py_ssize_t cols) noexcept nogil
+
+
+cdef vd_fn scalar_kernel(int wtype) noexcept nogil:
+    if wtype == T_Q4_0:
+        return vd_q4_0_scalar
+    if wtype == T_Q4_1:
+        return vd_q4_1_scalar
+    if wtype == T_Q5_0:
+        return vd_q5_0_scalar
+    if wtype == T_Q5_1:
+        return vd_q5_1_scalar
+    if wtype == T_Q8_0:
+        return vd_q8_0_scalar
+    if wtype == T_F32:
+        return vd_f32_scalar
+    if wtype == T_F16:
+        return vd_f16_scalar
+    if wtype == T_BF16:
+        return vd_bf16_scalar
+    return NULL
+
+
+# Scalar matmul: every (row, token) pair through the scalar twin.
+cdef void mm_scalar(vd_fn fn, const uint8_t* W, Py_ssize_t wrb, Py_ssize_t rows, Py_ssize_t cols,
+                    const uint8_t* X, Py_ssize_t xrb, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy,
+                    int nthreads) noexcept nogil:
+    cdef Py_ssize_t r, t
+    if nthreads <= 1:
+        for r in range(rows):
+            for t in range(n_tok):
+                Y[t * ldy + r] = fn(W + r * wrb, X + t * xrb, cols)
+    else:
+        for r in prange(rows, schedule="static", num_threads=nthreads):
+            for t in range(n_tok):
+                Y[t * ldy + r] = fn(W + r * wrb, X + t * xrb, cols)
+
+
+# =========================================================================================================
+# SIMD kernels for the 32-value types against ACT_Q8A.
+
+
+# 16 packed nibbles -> 32 bytes: low nibbles (values 0..15) in the low lane, high nibbles in the high lane.
+# One 128-bit broadcast load, one variable shift (0 bits low lane, 4 bits high lane), one mask.
+cdef inline __m256i unpack_nibbles(const uint8_t* qs) noexcept nogil:
+    cdef __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>qs))
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F))
+
+
+# The 32 bits of qh (little-endian) -> 32 bytes, 0xFF where the bit is set.
+cdef inline __m256i unpack_bits(const uint8_t* qh) noexcept nogil:
+    cdef __m256i v = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(<int>load_u32(qh)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0))
+    # byte k of each 8-byte group keeps all bits but bit k: equal to all-ones iff bit k was set
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe))
+    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
+
+
+# One weight block's quants as 32 bytes: unsigned 0..15 / 0..31 for the 4/5-bit types; for Q8_0 |q| (its
+# signs go to sx: the sign trick, since maddubs wants one unsigned operand).
+cdef inline __m256i load_qx(const lblock* wb, __m256i* sx) noexcept nogil:
+    if lblock is block_q8_0:
+        sx[0] = _mm256_loadu_si256(<const __m256i*>wb.qs)
+        return _mm256_sign_epi8(sx[0], sx[0])
+    elif lblock is block_q4_0 or lblock is block_q4_1:
+        return unpack_nibbles(wb.qs)
+    else:
+        return _mm256_or_si256(unpack_nibbles(wb.qs),
+                               _mm256_and_si256(unpack_bits(wb.qh), _mm256_set1_epi8(0x10)))
+
+
+# maddubs of a row's quants with a token's quants: 16 int16 sums of adjacent products. The offsets of Q4_0
+# (-8) and Q5_0 (-16) are taken off in integers with off = maddubs(8 or 16, qy), computed once per token
+# block: exact, and no float offset term.
+cdef inline __m256i prod16(const lblock* wb, __m256i qx, __m256i sx, __m256i qy, __m256i off) noexcept nogil:
+    if lblock is block_q8_0:
+        return _mm256_maddubs_epi16(qx, _mm256_sign_epi8(qy, sx))
+    elif lblock is block_q4_0 or lblock is block_q5_0:
+        return _mm256_sub_epi16(_mm256_maddubs_epi16(qx, qy), off)
+    else:
+        return _mm256_maddubs_epi16(qx, qy)
+
+
+cdef inline __m256i token_offset(const lblock* wb, __m256i qy) noexcept nogil:
+    if lblock is block_q4_0:
+        return _mm256_maddubs_epi16(_mm256_set1_epi8(8), qy)
+    elif lblock is block_q5_0:
+        return _mm256_maddubs_epi16(_mm256_set1_epi8(16), qy)
+    else:
+        return qy  # unused
+
+
+# One tile: R rows starting at w (rows nb blocks apart) x T tokens starting at y (nb blocks apart);
+# out[t * ldo + r] = dot. R <= MAXR, T <= MAXT, both compile-time constants after inlining/cloning.
+#
+# Scales: with one token (decode) the block's fp16 pair (d, m) is loaded as 32 bits, converted with one
+# F16C op and multiplied by the activation's float pair (d_y, s) in one SSE mul, giving [d*d_y, m*s]:
+# lane 0 scales the integer dot (broadcast + FMA), lane 1 is Q4_1/Q5_1's min term m * d_y * sum(qy),
+# summed in a vector (for the other types the second half-word is unused). With several tokens, the row
+# scale is broadcast once per block and multiplied per token, and the min term is a scalar FMA.
+cdef void tile_lg(const lblock* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb,
+                  float* out, Py_ssize_t ldo) noexcept nogil:
+    cdef int R = shape_rows(shape)
+    cdef int T = shape_toks(shape)
+    cdef __m256 acc[MAXR][MAXT]
+    cdef float moff[MAXR][MAXT]
+    cdef __m128 ms[MAXR]
+    cdef __m256i qx[MAXR]
+    cdef __m256i sx[MAXR]
+    cdef __m256 dx[MAXR]
+    cdef float mx[MAXR]
+    cdef __m256i qy, p, off
+    cdef __m256 dy
+    cdef __m128 u, v
+    cdef __m256i ones = _mm256_set1_epi16(1)
+    cdef const lblock* wb
+    cdef const block_q8a* yb
+    cdef int r, t
+    cdef Py_ssize_t b
+    for r in range(R):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[r] = _mm_setzero_ps()
+        for t in range(T):
+            acc[r][t] = _mm256_setzero_ps()
+            moff[r][t] = 0.0
+    if T == 1:
+        for b in range(nb):
+            yb = y + b
+            qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+            u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_y, s, 0, 0]
+            off = token_offset(w, qy)
+            for r in range(R):
+                wb = w + r * nb + b
+                qx[r] = load_qx(wb, &sx[r])
+                p = prod16(wb, qx[r], sx[r], qy, off)
+                v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)
+                acc[r][0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(v),
+                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r][0])
+                if lblock is block_q4_1 or lblock is block_q5_1:
+                    ms[r] = _mm_add_ps(ms[r], v)
+        for r in range(R):
+            if lblock is block_q4_1 or lblock is block_q5_1:
+                out[r] = hsum8(acc[r][0]) + _mm_cvtss_f32(_mm_movehdup_ps(ms[r]))
+            else:
+                out[r] = hsum8(acc[r][0])
+        return
+    for b in range(nb):
+        for r in range(R):
+            wb = w + r * nb + b
+            qx[r] = load_qx(wb, &sx[r])
+            dx[r] = _mm256_set1_ps(fp16(wb.d))
+            if lblock is block_q4_1 or lblock is block_q5_1:
+                mx[r] = fp16(wb.m)
+        for t in range(T):
+            yb = y + t * nb + b
+            qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+            dy = _mm256_set1_ps(yb.d)
+            off = token_offset(w, qy)
+            for r in range(R):
+                p = prod16(w, qx[r], sx[r], qy, off)
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dx[r], dy),
+                                            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r][t])
+                if lblock is block_q4_1 or lblock is block_q5_1:
+                    moff[r][t] += mx[r] * yb.s
+    for r in range(R):
+        for t in range(T):
+            out[t * ldo + r] = hsum8(acc[r][t]) + moff[r][t]
+
+
+# Decode: rows [g*DR, g*DR + DR) against one token.
+cdef inline void lg_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+                                 float* Y, Py_ssize_t g) noexcept nogil:
+    cdef Py_ssize_t r = g * DR
+    if r + DR <= rows:
+        tile_lg(W + r * nb, <const shape_dec*>NULL, X, nb, Y + r, 1)
+    else:
+        while r < rows:
+            tile_lg(W + r * nb, <const shape_11*>NULL, X, nb, Y + r, 1)
+            r += 1
+
+
+# Prefill: rows [g*GR, g*GR + GR) against all tokens, chunk by chunk of TCH tokens.
+cdef inline void lg_prefill_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+                                  Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
+    cdef Py_ssize_t r0 = g * GR
+    cdef Py_ssize_t r1 = min(rows, r0 + GR)
+    cdef Py_ssize_t t0, t1, r, t
+    t0 = 0
+    while t0 < n_tok:  # (a C loop: range() with a non-literal step would be a Python loop)
+        t1 = min(n_tok, t0 + TCH)
+        r = r0
+        while r + PR <= r1:
+            t = t0
+            while t + PT <= t1:
+                tile_lg(W + r * nb, <const shape_pp*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                t += PT
+            while t < t1:
+                tile_lg(W + r * nb, <const shape_p1*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                t += 1
+            r += PR
+        while r < r1:
+            t = t0
+            while t + PT <= t1:
+                tile_lg(W + r * nb, <const shape_1p*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                t += PT
+            while t < t1:
+                tile_lg(W + r * nb, <const shape_11*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                t += 1
+            r += 1
+        t0 = t1
+
+
+cdef void mm_lg(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+                float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    cdef Py_ssize_t g, ngroups
+    if n_tok == 1:
+        ngroups = (rows + DR - 1) // DR
+        if nthreads <= 1:
+            for g in range(ngroups):
+                lg_decode_group(W, rows, nb, X, Y, g)
+        else:
+            for g in prange(ngroups, schedule="static", num_threads=nthreads):
+                lg_decode_group(W, rows, nb, X, Y, g)
+    else:
+        ngroups = (rows + GR - 1) // GR
+        if nthreads <= 1:
+            for g in range(ngroups):
+                lg_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
+        else:
+            for g in prange(ngroups, schedule="static", num_threads=nthreads):
+                lg_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
+
+
+# =========================================================================================================
+# SIMD kernels for float weights (F32, F16, BF16) against ACT_F32.
+
+
+cdef inline __m256 load8(const fblock* p) noexcept nogil:
+    if fblock is float:
+        return _mm256_loadu_ps(p)
+    elif fblock is block_f16:
+        return _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>p))
+    else:  # bf16: the upper half of a float
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(<const __m128i*>p)), 16))
+
+
+cdef inline float load1(const fblock* p) noexcept nogil:
+    if fblock is float:
+        return p[0]
+    elif fblock is block_f16:
+        return fp16(p[0].bits)
+    else:
+        return bf16_to_f32(p[0].bits)
+
+
+cdef void tile_f(const fblock* w, const tshape* shape, const float* x, Py_ssize_t cols,
+                 float* out, Py_ssize_t ldo) noexcept nogil:
+    cdef int R = shape_rows(shape)
+    cdef int T = shape_toks(shape)
+    cdef __m256 acc[MAXR][MAXT]
+    cdef __m256 wv[MAXR]
+    cdef __m256 xv
+    cdef float tail
+    cdef int r, t
+    cdef Py_ssize_t k, k8 = cols - cols % 8
+    for r in range(R):
+        for t in range(T):
+            acc[r][t] = _mm256_setzero_ps()
+    for k in range(0, k8, 8):
+        for r in range(R):
+            wv[r] = load8(w + r * cols + k)
+        for t in range(T):
+            xv = _mm256_loadu_ps(x + t * cols + k)
+            for r in range(R):
+                acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t])
+    for r in range(R):
+        for t in range(T):
+            tail = 0.0
+            for k in range(k8, cols):
+                tail += load1(w + r * cols + k) * x[t * cols + k]
+            out[t * ldo + r] = hsum8(acc[r][t]) + tail
+
+
+cdef inline void f_decode_group(const fblock* W, Py_ssize_t rows, Py_ssize_t cols, const float* X,
+                                float* Y, Py_ssize_t g) noexcept nogil:
+    cdef Py_ssize_t r = g * DR
+    if r + DR <= rows:
+        tile_f(W + r * cols, <const shape_dec*>NULL, X, cols, Y + r, 1)
+    else:
+        while r < rows:
+            tile_f(W + r * cols, <const shape_11*>NULL, X, cols, Y + r, 1)
+            r += 1
+
+
+cdef inline void f_prefill_group(const fblock* W, Py_ssize_t rows, Py_ssize_t cols, const float* X,
+                                 Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
+    cdef Py_ssize_t r0 = g * GR
+    cdef Py_ssize_t r1 = min(rows, r0 + GR)
+    cdef Py_ssize_t t0 = 0, t1, r, t
+    while t0 < n_tok:
+        t1 = min(n_tok, t0 + TCH)
+        r = r0
+        while r + PR <= r1:
+            t = t0
+            while t + PT <= t1:
+                tile_f(W + r * cols, <const shape_pp*>NULL, X + t * cols, cols, Y + t * ldy + r, ldy)
+                t += PT
+            while t < t1:
+                tile_f(W + r * cols, <const shape_p1*>NULL, X + t * cols, cols, Y + t * ldy + r, ldy)
+                t += 1
+            r += PR
+        while r < r1:
+            t = t0
+            while t + PT <= t1:
+                tile_f(W + r * cols, <const shape_1p*>NULL, X + t * cols, cols, Y + t * ldy + r, ldy)
+                t += PT
+            while t < t1:
+                tile_f(W + r * cols, <const shape_11*>NULL, X + t * cols, cols, Y + t * ldy + r, ldy)
+                t += 1
+            r += 1
+        t0 = t1
+
+
+cdef void mm_f(const fblock* W, Py_ssize_t rows, Py_ssize_t cols, const float* X, Py_ssize_t n_tok,
+               float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    cdef Py_ssize_t g, ngroups
+    if n_tok == 1:
+        ngroups = (rows + DR - 1) // DR
+        if nthreads <= 1:
+            for g in range(ngroups):
+                f_decode_group(W, rows, cols, X, Y, g)
+        else:
+            for g in prange(ngroups, schedule="static", num_threads=nthreads):
+                f_decode_group(W, rows, cols, X, Y, g)
+    else:
+        ngroups = (rows + GR - 1) // GR
+        if nthreads <= 1:
+            for g in range(ngroups):
+                f_prefill_group(W, rows, cols, X, n_tok, Y, ldy, g)
+        else:
+            for g in prange(ngroups, schedule="static", num_threads=nthreads):
+                f_prefill_group(W, rows, cols, X, n_tok, Y, ldy, g)
+
+
+# =========================================================================================================
+# Dispatch
+
+
+cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
+                      const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
+                      int impl) noexcept nogil:
+    cdef bint simd = impl == IMPL_SIMD or (impl == IMPL_AUTO and HAVE_SIMD)
+    cdef Py_ssize_t qk = weight_block_values(wtype)
+    cdef Py_ssize_t nb
+    cdef vd_fn fn
+    if rows <= 0 or n_tok <= 0 or qk == 0:
+        return
+    nb = cols // qk
+    if nthreads < 1:
+        nthreads = 1
+    if not simd:
+        fn = scalar_kernel(wtype)
+        if fn != NULL:
+            mm_scalar(fn, W, nb * weight_block_bytes(wtype), rows, cols, <const uint8_t*>xq,
+                      act_row_bytes(wtype, cols), n_tok, Y, ldy, nthreads)
+        return
+    if wtype == T_Q4_0:
+        mm_lg(<const block_q4_0*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q4_1:
+        mm_lg(<const block_q4_1*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q5_0:
+        mm_lg(<const block_q5_0*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q5_1:
+        mm_lg(<const block_q5_1*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q8_0:
+        mm_lg(<const block_q8_0*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_F32:
+        mm_f(<const float*>W, rows, cols, <const float*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_F16:
+        mm_f(<const block_f16*>W, rows, cols, <const float*>xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_BF16:
+        mm_f(<const block_bf16*>W, rows, cols, <const float*>xq, n_tok, Y, ldy, nthreads)
+
+
+cdef void matmul(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
+                 const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_AUTO)
+
+
+# =========================================================================================================
+# Python surface. Every size is checked before a raw pointer is touched.
+
+_IMPLS = {"auto": IMPL_AUTO, "simd": IMPL_SIMD, "scalar": IMPL_SCALAR}
+
+
+cdef int _impl(impl) except -1:
+    try:
+        return _IMPLS[impl]
+    except (KeyError, TypeError):
+        raise ValueError(f"impl must be one of {sorted(_IMPLS)}, got {impl!r}") from None
+
+
+cdef Py_ssize_t _row_bytes(int wtype, Py_ssize_t cols) except -1:
+    cdef Py_ssize_t qk = weight_block_values(wtype)
+    if qk == 0:
+        raise ValueError(f"no kernels for weight type {wtype}")
+    if cols <= 0 or cols % qk:
+        raise ValueError(f"row length must be a positive multiple of {qk} for type {wtype}, got {cols}")
+    return cols // qk * weight_block_bytes(wtype)
+
+
+cdef _weights(W_rows, int wtype, Py_ssize_t cols):
+    cdef Py_ssize_t rb = _row_bytes(wtype, cols)
+    arr = np.ascontiguousarray(W_rows)
+    if arr.dtype != np.uint8:
+        arr = arr.view(np.uint8)
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[1] != rb:
+        raise ValueError(f"weights must be uint8[rows, {rb}] for {cols} values of type {wtype}, "
+                         f"got shape {arr.shape}")
+    return arr
+
+
+cdef _activations(x):
+    arr = np.ascontiguousarray(x, dtype=np.float32)
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2 or arr.shape[0] == 0:
+        raise ValueError(f"x must be float32[n, cols] with n >= 1, got shape {np.shape(x)}")
+    return arr
+
+
+cdef _quantize(int wtype, x, int code):
+    cdef const float[:, ::1] xv = x
+    cdef Py_ssize_t n = xv.shape[0], cols = xv.shape[1], i
+    xq = np.empty((n, act_row_bytes(wtype, cols)), dtype=np.uint8)
+    cdef uint8_t[:, ::1] qv = xq
+    with nogil:
+        for i in range(n):
+            quantize_act_row_impl(wtype, &xv[i, 0], &qv[i, 0], cols, code)
+    return xq
+
+
+def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto"):
+    """Y[n, rows] = x[n, cols] @ W.T, W given as its raw rows uint8[rows, row_bytes] of type `wtype`.
+
+    x is quantized on the fly (with the same kernel family as `impl`), as the forward pass does.
+    """
+    cdef int code = _impl(impl)
+    xa = _activations(x)
+    cdef Py_ssize_t n = xa.shape[0], cols = xa.shape[1]
+    Wa = _weights(W_rows, wtype, cols)
+    if nthreads < 1:
+        raise ValueError(f"nthreads must be >= 1, got {nthreads}")
+    xq = _quantize(wtype, xa, code)
+    cdef Py_ssize_t rows = Wa.shape[0]
+    Y = np.zeros((n, rows), dtype=np.float32)
+    if rows == 0:
+        return Y
+    cdef const uint8_t[:, ::1] wv = Wa
+    cdef const uint8_t[:, ::1] qv = xq
+    cdef float[:, ::1] yv = Y
+    with nogil:
+        matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads, code)
+    return Y
+
+
+def vec_dot_py(int wtype, wrow_bytes, xq_bytes, Py_ssize_t cols, impl="auto"):
+    """Dot product of one raw weight row with one already-quantized activation row (quant.quantize_act)."""
+    cdef int code = _impl(impl)
+    cdef Py_ssize_t rb = _row_bytes(wtype, cols)
+    w = np.frombuffer(bytes(wrow_bytes), dtype=np.uint8) if isinstance(wrow_bytes, (bytes, bytearray)) \
+        else np.ascontiguousarray(wrow_bytes).view(np.uint8).reshape(-1)
+    xq = np.frombuffer(bytes(xq_bytes), dtype=np.uint8) if isinstance(xq_bytes, (bytes, bytearray)) \
+        else np.ascontiguousarray(xq_bytes).view(np.uint8).reshape(-1)
+    if w.shape[0] != rb:
+        raise ValueError(f"weight row of {cols} values of type {wtype} is {rb} bytes, got {w.shape[0]}")
+    if xq.shape[0] != act_row_bytes(wtype, cols):
+        raise ValueError(f"activation row of {cols} values is {act_row_bytes(wtype, cols)} bytes, "
+                         f"got {xq.shape[0]}")
+    cdef const uint8_t[::1] wv = w
+    cdef const uint8_t[::1] qv = xq
+    cdef float out = 0.0
+    with nogil:
+        matmul_impl(&wv[0], wtype, 1, cols, &qv[0], 1, &out, 1, 1, code)
+    return float(out)
+
+
+def bench_matmul(W_rows, int wtype, x, int nthreads=1, impl="auto", double min_time=0.2,
+                 int min_reps=5):
+    """Seconds per matmul, the best of repeated C loops of >= 2 ms (activations quantized once, outside).
+
+    Single-threaded runs are timed in thread CPU time (time.thread_time), which does not count the time
+    the thread sits descheduled on a shared machine; multi-threaded runs in wall time.
+    """
+    cdef int code = _impl(impl)
+    xa = _activations(x)
+    cdef Py_ssize_t n = xa.shape[0], cols = xa.shape[1]
+    Wa = _weights(W_rows, wtype, cols)
+    xq = _quantize(wtype, xa, code)
+    cdef Py_ssize_t rows = Wa.shape[0]
+    Y = np.zeros((n, rows), dtype=np.float32)
+    cdef const uint8_t[:, ::1] wv = Wa
+    cdef const uint8_t[:, ::1] qv = xq
+    cdef float[:, ::1] yv = Y
+    cdef int i, iters = 1
+    clock = time.thread_time if nthreads == 1 else time.perf_counter
+    best = float("inf")
+    total = 0.0
+    reps = 0
+    while True:  # warm up, growing the inner loop until one measurement takes >= 2 ms
+        t0 = clock()
+        with nogil:
+            for i in range(iters):
+                matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads, code)
+        dt = clock() - t0
+        if dt >= 0.002:
+            break
+        iters *= 2
+    while total < min_time or reps < min_reps:
+        t0 = clock()
+        with nogil:
+            for i in range(iters):
+                matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads, code)
+        dt = clock() - t0
+        total += dt
+        reps += 1
+        best = min(best, dt / iters)
+    return best

@@ -1,0 +1,77 @@
+"""A model ready to evaluate: config, weights bound to the layer loop, and a KV cache."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from llamacy.errors import UnsupportedModelError
+from llamacy.model.architectures import ARCHITECTURES, config_from_metadata
+from llamacy.model.config import ModelConfig
+from llamacy.model.kv_cache import KVCache
+
+__all__ = ["ARCHITECTURES", "KVCache", "Model", "ModelConfig", "default_threads"]
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Model:
+    """Evaluates batches of (token, position, sequence) and keeps the K/V they produce."""
+
+    def __init__(
+        self, gguf: Any, n_ctx: int, n_threads: int, n_seq: int = 1, ubatch: int = 256, cfg: ModelConfig | None = None
+    ) -> None:
+        from llamacy.kernels import ensure_cpu
+
+        ensure_cpu()
+        from llamacy.model.forward import Forward
+        from llamacy.model.weights import WeightBinder, hparams_for_forward
+
+        self.cfg = cfg or config_from_metadata(gguf.metadata, str(gguf.path))
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        glob, layers = WeightBinder(gguf, self.cfg).bind()
+        self.forward = Forward(hparams_for_forward(self.cfg), glob, layers, ubatch, n_ctx, max(n_threads, 1))
+        self.kv = KVCache(self.cfg, n_ctx, n_seq)
+        self._gguf = gguf  # the weights point into its mapping
+
+    def eval(
+        self, tokens: list[int], seq: int = 0, logits: str = "last", positions: list[int] | None = None
+    ) -> np.ndarray:
+        """Append tokens to sequence `seq`; return logits of the last token ([n_vocab]) or of all ([n, n_vocab])."""
+        n = len(tokens)
+        start = self.kv.length(seq)
+        if start + n > self.n_ctx:
+            raise ValueError(f"{start + n} tokens do not fit a context of {self.n_ctx}")
+        tok = np.asarray(tokens, dtype=np.int32)
+        if n and (tok.min() < 0 or tok.max() >= self.cfg.n_vocab):
+            raise UnsupportedModelError(f"token id outside the vocabulary of {self.cfg.n_vocab}")
+        pos = np.arange(start, start + n, dtype=np.int32)
+        seqs = np.full(n, seq, dtype=np.int32)
+        rows = np.arange(n, dtype=np.int32) if logits == "all" else np.array([n - 1] if n else [], np.int32)
+        out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
+        self.forward.eval(tok, pos, seqs, self.kv.k, self.kv.v, rows, out, self.n_threads)
+        self.kv.tokens[seq].extend(int(t) for t in tokens)
+        return out if logits == "all" else out[0]
+
+    def eval_batch(self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Raw batched evaluation (many sequences at once); the caller keeps kv.tokens up to date."""
+        out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
+        self.forward.eval(
+            tokens.astype(np.int32, copy=False),
+            pos.astype(np.int32, copy=False),
+            seq.astype(np.int32, copy=False),
+            self.kv.k,
+            self.kv.v,
+            rows.astype(np.int32, copy=False),
+            out,
+            self.n_threads,
+        )
+        return out

@@ -1,0 +1,383 @@
+# cython: language_level=3
+"""The layer loop: one call evaluates a batch of tokens through every layer, without the GIL.
+
+A batch is a list of (token, position, sequence) triples. All K/V rows of the batch are written into the
+cache before any token attends, so one call serves prompt processing (one sequence, consecutive
+positions), single-token decoding, and decoding many sequences at once (one token each).
+Architecture differences arrive as data (NULL pointers, flags, per-layer window and RoPE base), never as
+copies of this loop.
+"""
+
+from cython.parallel cimport prange
+from libc.math cimport sqrtf, tanhf
+from libc.stdint cimport int32_t, uint8_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
+
+cimport openmp
+
+from llamacy.kernels.matmul cimport matmul
+from llamacy.kernels.ops cimport (
+    add_inplace,
+    attend,
+    gelu_mul,
+    rmsnorm,
+    rmsnorm_heads,
+    rope,
+    rope_table,
+    scale_inplace,
+    silu_mul,
+)
+from llamacy.kernels.quant cimport act_format, act_row_bytes, dequantize_row, quantize_act_row
+
+import numpy as np
+
+cdef enum:
+    ACT_SILU = 0
+    ACT_GELU = 1
+    N_ACT_FORMATS = 3
+
+
+ctypedef struct Scratch:
+    # Activations of one micro-batch, row-major [n, width].
+    float* x        # residual stream [n, n_embd]
+    float* xn       # normed input of the current matmul group [n, max(n_embd, q width)]
+    float* q        # [n, n_head * head_dim]
+    float* k        # [n, n_head_kv * head_dim]
+    float* v        # [n, n_head_kv * head_dim]
+    float* att      # [n, n_head * head_dim]
+    float* o        # [n, n_embd]
+    float* g        # [n, n_ff]
+    float* u        # [n, n_ff]
+    float* cs       # RoPE cos/sin per token [n, n_rot]
+    float* scores   # per thread [n_threads_max, n_ctx]
+    uint8_t* aq     # quantized activations [n, max act row bytes]
+
+
+cdef class Forward:
+    """Weights and scratch of one model; `eval` runs a batch through it."""
+
+    cdef LayerT* layers
+    cdef WeightT tok_embd
+    cdef WeightT output
+    cdef const float* output_norm
+    cdef const float* rope_freqs
+    cdef Py_ssize_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_rot
+    cdef int rope_mode, act
+    cdef float eps, embd_scale, attn_scale, attn_softcap, final_softcap
+    cdef Py_ssize_t ubatch, n_ctx_max, threads_max
+    cdef Scratch s
+    cdef object _keep            # Python objects whose buffers the pointers above point into
+    cdef object _scratch_arrays
+
+    def __cinit__(self):
+        self.layers = NULL
+
+    def __dealloc__(self):
+        if self.layers != NULL:
+            free(self.layers)
+
+    def __init__(self, dict hp, dict tensors, list layers, Py_ssize_t ubatch, Py_ssize_t n_ctx_max,
+                 int threads_max):
+        """hp: hyper-parameters; tensors: global weights; layers: one dict per layer.
+
+        Weight entries are (uint8 buffer, ggml type, rows, cols, row_bytes); vector entries are
+        float32 contiguous arrays or None. The caller has validated shapes against the config.
+        """
+        self._keep = []
+        self.n_layer = len(layers)
+        self.n_embd = hp["n_embd"]
+        self.n_head = hp["n_head"]
+        self.n_head_kv = hp["n_head_kv"]
+        self.head_dim = hp["head_dim"]
+        self.n_ff = hp["n_ff"]
+        self.n_vocab = hp["n_vocab"]
+        self.n_rot = hp["n_rot"]
+        self.rope_mode = hp["rope_mode"]
+        self.act = ACT_GELU if hp["activation"] == "gelu" else ACT_SILU
+        self.eps = hp["rms_eps"]
+        self.embd_scale = hp["embd_scale"]
+        self.attn_scale = hp["attn_scale"]
+        self.attn_softcap = hp["attn_softcap"]
+        self.final_softcap = hp["final_softcap"]
+        self.tok_embd = self._weight(tensors["token_embd"])
+        self.output = self._weight(tensors["output"])
+        self.output_norm = self._vec(tensors["output_norm"])
+        self.rope_freqs = self._vec(tensors.get("rope_freqs"))
+
+        self.layers = <LayerT*> calloc(self.n_layer, sizeof(LayerT))
+        if self.layers == NULL:
+            raise MemoryError()
+        cdef LayerT* L
+        for i, d in enumerate(layers):
+            L = &self.layers[i]
+            L.attn_norm = self._vec(d["attn_norm"])
+            L.wq = self._weight(d["attn_q"])
+            L.wk = self._weight(d["attn_k"])
+            L.wv = self._weight(d["attn_v"])
+            L.wo = self._weight(d["attn_output"])
+            L.bq = self._vec(d.get("attn_q_bias"))
+            L.bk = self._vec(d.get("attn_k_bias"))
+            L.bv = self._vec(d.get("attn_v_bias"))
+            L.q_norm = self._vec(d.get("attn_q_norm"))
+            L.k_norm = self._vec(d.get("attn_k_norm"))
+            L.post_attn_norm = self._vec(d.get("post_attention_norm"))
+            L.ffn_norm = self._vec(d["ffn_norm"])
+            L.gate = self._weight(d["ffn_gate"])
+            L.up = self._weight(d["ffn_up"])
+            L.down = self._weight(d["ffn_down"])
+            L.post_ffn_norm = self._vec(d.get("post_ffw_norm"))
+            L.window = d["window"]
+            L.rope_base = d["rope_base"]
+            L.rope_freq_scale = d["rope_freq_scale"]
+        self._alloc_scratch(ubatch, n_ctx_max, threads_max)
+
+    cdef WeightT _weight(self, tuple spec) except *:
+        cdef WeightT w
+        buf, wtype, rows, cols, row_bytes = spec
+        cdef const uint8_t[::1] mv = buf
+        if mv.shape[0] < rows * row_bytes:
+            raise ValueError("weight buffer smaller than its rows")
+        if act_format(wtype) < 0:
+            raise ValueError(f"no kernel for GGML type {wtype}")
+        self._keep.append(buf)
+        w.data = &mv[0]
+        w.type = wtype
+        w.rows = rows
+        w.cols = cols
+        w.row_bytes = row_bytes
+        return w
+
+    cdef const float* _vec(self, object arr) except? NULL:
+        if arr is None:
+            return NULL
+        cdef const float[::1] mv = arr
+        self._keep.append(arr)
+        return &mv[0]
+
+    def _alloc_scratch(self, Py_ssize_t ubatch, Py_ssize_t n_ctx_max, int threads_max):
+        cdef Py_ssize_t n = ubatch
+        cdef Py_ssize_t qw = self.n_head * self.head_dim
+        cdef Py_ssize_t kvw = self.n_head_kv * self.head_dim
+        cdef Py_ssize_t widest = max(self.n_embd, qw, self.n_ff)
+        # The float32 activation format is the widest (4 bytes a value); quantized ones are smaller.
+        cdef Py_ssize_t aq_row = max(act_row_bytes(0, widest), 4 * widest)
+        self.ubatch = ubatch
+        self.n_ctx_max = n_ctx_max
+        self.threads_max = max(1, threads_max)
+        arrays = {
+            "x": np.zeros(n * self.n_embd, np.float32),
+            "xn": np.zeros(n * max(self.n_embd, qw), np.float32),
+            "q": np.zeros(n * qw, np.float32),
+            "k": np.zeros(n * kvw, np.float32),
+            "v": np.zeros(n * kvw, np.float32),
+            "att": np.zeros(n * qw, np.float32),
+            "o": np.zeros(n * self.n_embd, np.float32),
+            "g": np.zeros(n * self.n_ff, np.float32),
+            "u": np.zeros(n * self.n_ff, np.float32),
+            "cs": np.zeros(n * max(self.n_rot, 2), np.float32),
+            "scores": np.zeros(self.threads_max * n_ctx_max, np.float32),
+            "aq": np.zeros(n * aq_row + 64, np.uint8),
+        }
+        self._scratch_arrays = arrays
+        cdef float[::1] f
+        f = arrays["x"]; self.s.x = &f[0]
+        f = arrays["xn"]; self.s.xn = &f[0]
+        f = arrays["q"]; self.s.q = &f[0]
+        f = arrays["k"]; self.s.k = &f[0]
+        f = arrays["v"]; self.s.v = &f[0]
+        f = arrays["att"]; self.s.att = &f[0]
+        f = arrays["o"]; self.s.o = &f[0]
+        f = arrays["g"]; self.s.g = &f[0]
+        f = arrays["u"]; self.s.u = &f[0]
+        f = arrays["cs"]; self.s.cs = &f[0]
+        f = arrays["scores"]; self.s.scores = &f[0]
+        cdef uint8_t[::1] b = arrays["aq"]
+        self.s.aq = &b[0]
+
+    @property
+    def ubatch_size(self) -> int:
+        return self.ubatch
+
+    def eval(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] seq,
+             float[:, :, :, :, ::1] k_cache, float[:, :, :, :, ::1] v_cache,
+             const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads):
+        """Evaluate tokens[i] at position pos[i] of sequence seq[i]; write K/V into the caches.
+
+        k_cache, v_cache: [n_layer, n_seq, n_head_kv, n_ctx, head_dim] float32.
+        logit_rows: indices into the batch whose logits are wanted, ascending; logits: [len, n_vocab].
+        """
+        cdef Py_ssize_t n = tokens.shape[0]
+        cdef Py_ssize_t n_seq = k_cache.shape[1], n_ctx = k_cache.shape[3]
+        cdef Py_ssize_t i, start, stop, r
+        if pos.shape[0] != n or seq.shape[0] != n:
+            raise ValueError("tokens, pos and seq must have the same length")
+        if (k_cache.shape[0] != self.n_layer or k_cache.shape[2] != self.n_head_kv
+                or k_cache.shape[4] != self.head_dim):
+            raise ValueError("KV cache shape does not match the model")
+        if any(k_cache.shape[d] != v_cache.shape[d] for d in range(5)):
+            raise ValueError("K and V caches differ in shape")
+        if n_ctx > self.n_ctx_max:
+            raise ValueError("KV cache longer than the scratch was sized for")
+        if logits.shape[0] != logit_rows.shape[0] or (logit_rows.shape[0] and logits.shape[1] != self.n_vocab):
+            raise ValueError("logits buffer does not match logit_rows")
+        for i in range(n):
+            if tokens[i] < 0 or tokens[i] >= self.n_vocab:
+                raise ValueError(f"token id {tokens[i]} outside the vocabulary (0..{self.n_vocab - 1})")
+            if pos[i] < 0 or pos[i] >= n_ctx:
+                raise ValueError(f"position {pos[i]} outside the context (0..{n_ctx - 1})")
+            if seq[i] < 0 or seq[i] >= n_seq:
+                raise ValueError(f"sequence {seq[i]} outside the cache (0..{n_seq - 1})")
+        for i in range(logit_rows.shape[0]):
+            if logit_rows[i] < 0 or logit_rows[i] >= n or (i and logit_rows[i] <= logit_rows[i - 1]):
+                raise ValueError("logit_rows must be ascending indices into the batch")
+        nthreads = max(1, min(nthreads, self.threads_max))
+        if n == 0:
+            return
+        cdef float* kc = &k_cache[0, 0, 0, 0, 0]
+        cdef float* vc = &v_cache[0, 0, 0, 0, 0]
+        cdef float* lg = &logits[0, 0] if logit_rows.shape[0] else NULL
+        cdef Py_ssize_t lr = 0, lr_end
+        start = 0
+        while start < n:
+            stop = min(n, start + self.ubatch)
+            lr_end = lr
+            while lr_end < logit_rows.shape[0] and logit_rows[lr_end] < stop:
+                lr_end += 1
+            with nogil:
+                self._ubatch(&tokens[start], &pos[start], &seq[start], stop - start, kc, vc, n_seq, n_ctx,
+                             &logit_rows[lr] if lr_end > lr else NULL, lr_end - lr, start,
+                             lg + lr * self.n_vocab if lr_end > lr else NULL, nthreads)
+            lr = lr_end
+            start = stop
+
+    cdef void _matmul(self, const WeightT* w, const float* x, Py_ssize_t ldx, Py_ssize_t n, float* y,
+                      int nthreads) noexcept nogil:
+        """y[t, :] = w @ x[t, :] for t < n: quantize the rows for this weight's format, then multiply."""
+        cdef Py_ssize_t rb = act_row_bytes(w.type, w.cols), t
+        for t in range(n):
+            quantize_act_row(w.type, x + t * ldx, self.s.aq + t * rb, w.cols)
+        matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
+
+    cdef void _matmul_same_input(self, const WeightT* w, float* y, Py_ssize_t n, int* last_fmt,
+                                 int nthreads) noexcept nogil:
+        """Like _matmul on s.xn, reusing the quantized rows when the previous call had the same format."""
+        cdef int fmt = act_format(w.type)
+        cdef Py_ssize_t rb = act_row_bytes(w.type, w.cols), t
+        if fmt != last_fmt[0]:
+            for t in range(n):
+                quantize_act_row(w.type, self.s.xn + t * w.cols, self.s.aq + t * rb, w.cols)
+            last_fmt[0] = fmt
+        matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
+
+    cdef void _ubatch(self, const int32_t* tokens, const int32_t* pos, const int32_t* seq, Py_ssize_t n,
+                      float* kc, float* vc, Py_ssize_t n_seq, Py_ssize_t n_ctx,
+                      const int32_t* logit_rows, Py_ssize_t n_logits, Py_ssize_t row0, float* logits,
+                      int nthreads) noexcept nogil:
+        cdef Py_ssize_t E = self.n_embd, HD = self.head_dim, NH = self.n_head, NKV = self.n_head_kv
+        cdef Py_ssize_t QW = NH * HD, KVW = NKV * HD, F = self.n_ff, R = self.n_rot
+        cdef Py_ssize_t group = NH // NKV
+        cdef Py_ssize_t t, l, h, j, first
+        cdef Py_ssize_t layer_stride = n_seq * NKV * n_ctx * HD
+        cdef Py_ssize_t seq_stride = NKV * n_ctx * HD
+        cdef Py_ssize_t head_stride = n_ctx * HD
+        cdef Scratch* s = &self.s
+        cdef LayerT* L
+        cdef int fmt
+        cdef float base = 0.0, fscale = 0.0
+        cdef float* kl
+        cdef float* vl
+        cdef Py_ssize_t th, item
+
+        # Token embeddings.
+        for t in range(n):
+            dequantize_row(self.tok_embd.type, self.tok_embd.data + tokens[t] * self.tok_embd.row_bytes,
+                           s.x + t * E, E)
+            if self.embd_scale != 1.0:
+                scale_inplace(s.x + t * E, self.embd_scale, E)
+
+        for l in range(self.n_layer):
+            L = &self.layers[l]
+            # Attention block.
+            for t in range(n):
+                rmsnorm(s.x + t * E, L.attn_norm, s.xn + t * E, E, self.eps)
+            fmt = -1
+            self._matmul_same_input(&L.wq, s.q, n, &fmt, nthreads)
+            self._matmul_same_input(&L.wk, s.k, n, &fmt, nthreads)
+            self._matmul_same_input(&L.wv, s.v, n, &fmt, nthreads)
+            if L.rope_base != base or L.rope_freq_scale != fscale:
+                base = L.rope_base
+                fscale = L.rope_freq_scale
+                for t in range(n):
+                    rope_table(s.cs + t * R, R, pos[t], base, fscale, self.rope_freqs)
+            kl = kc + l * layer_stride
+            vl = vc + l * layer_stride
+            for t in range(n):
+                if L.bq != NULL:
+                    add_inplace(s.q + t * QW, L.bq, QW)
+                    add_inplace(s.k + t * KVW, L.bk, KVW)
+                    add_inplace(s.v + t * KVW, L.bv, KVW)
+                if L.q_norm != NULL:
+                    rmsnorm_heads(s.q + t * QW, L.q_norm, NH, HD, self.eps)
+                    rmsnorm_heads(s.k + t * KVW, L.k_norm, NKV, HD, self.eps)
+                rope(s.q + t * QW, NH, HD, R, s.cs + t * R, self.rope_mode)
+                rope(s.k + t * KVW, NKV, HD, R, s.cs + t * R, self.rope_mode)
+                for h in range(NKV):
+                    memcpy(kl + seq[t] * seq_stride + h * head_stride + pos[t] * HD, s.k + t * KVW + h * HD,
+                           HD * sizeof(float))
+                    memcpy(vl + seq[t] * seq_stride + h * head_stride + pos[t] * HD, s.v + t * KVW + h * HD,
+                           HD * sizeof(float))
+            # Every (token, head) pair attends independently.
+            if nthreads > 1 and n * NH > 1:
+                for item in prange(n * NH, nogil=True, num_threads=nthreads, schedule="dynamic"):
+                    self._attend_item(item, pos, seq, L.window, kl, vl, seq_stride, head_stride, group,
+                                      s.scores + openmp.omp_get_thread_num() * n_ctx)
+            else:
+                for item in range(n * NH):
+                    self._attend_item(item, pos, seq, L.window, kl, vl, seq_stride, head_stride, group,
+                                      s.scores)
+            self._matmul(&L.wo, s.att, QW, n, s.o, nthreads)
+            for t in range(n):
+                if L.post_attn_norm != NULL:
+                    rmsnorm(s.o + t * E, L.post_attn_norm, s.o + t * E, E, self.eps)
+                add_inplace(s.x + t * E, s.o + t * E, E)
+
+            # Feed-forward block.
+            for t in range(n):
+                rmsnorm(s.x + t * E, L.ffn_norm, s.xn + t * E, E, self.eps)
+            fmt = -1
+            self._matmul_same_input(&L.gate, s.g, n, &fmt, nthreads)
+            self._matmul_same_input(&L.up, s.u, n, &fmt, nthreads)
+            for t in range(n):
+                if self.act == ACT_GELU:
+                    gelu_mul(s.g + t * F, s.u + t * F, F)
+                else:
+                    silu_mul(s.g + t * F, s.u + t * F, F)
+            self._matmul(&L.down, s.g, F, n, s.o, nthreads)
+            for t in range(n):
+                if L.post_ffn_norm != NULL:
+                    rmsnorm(s.o + t * E, L.post_ffn_norm, s.o + t * E, E, self.eps)
+                add_inplace(s.x + t * E, s.o + t * E, E)
+
+        if n_logits == 0:
+            return
+        # Output head, only for the rows whose logits are wanted.
+        for j in range(n_logits):
+            t = logit_rows[j] - row0
+            rmsnorm(s.x + t * E, self.output_norm, s.xn + j * E, E, self.eps)
+        self._matmul(&self.output, s.xn, E, n_logits, logits, nthreads)
+        if self.final_softcap > 0.0:
+            for j in range(n_logits * self.n_vocab):
+                logits[j] = self.final_softcap * tanhf(logits[j] / self.final_softcap)
+
+    cdef inline void _attend_item(self, Py_ssize_t item, const int32_t* pos, const int32_t* seq,
+                                  Py_ssize_t window, float* kl, float* vl, Py_ssize_t seq_stride,
+                                  Py_ssize_t head_stride, Py_ssize_t group, float* scores) noexcept nogil:
+        cdef Py_ssize_t NH = self.n_head, HD = self.head_dim
+        cdef Py_ssize_t t = item // NH, h = item % NH
+        cdef Py_ssize_t p = pos[t], first = 0
+        cdef Py_ssize_t off = seq[t] * seq_stride + (h // group) * head_stride
+        if window > 0 and p - window + 1 > 0:
+            first = p - window + 1
+        attend(self.s.q + t * NH * HD + h * HD, kl + off, vl + off, first, p, HD, self.attn_scale,
+               self.attn_softcap, scores, self.s.att + t * NH * HD + h * HD)

@@ -1,0 +1,78 @@
+"""Build the Cython kernels.
+
+Environment switches:
+  LLAMACY_PORTABLE=1     build without AVX2/FMA/F16C (scalar twins only); runs on any x86-64 or other CPU.
+  LLAMACY_DEBUG_BUILD=1  bounds and wraparound checks on, -O1 -g: for hunting memory errors.
+  LLAMACY_NATIVE=1       add -march=native (AVX-512 paths where the compiler finds them); not portable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from glob import glob
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+PORTABLE = os.environ.get("LLAMACY_PORTABLE", "") not in ("", "0")
+DEBUG = os.environ.get("LLAMACY_DEBUG_BUILD", "") not in ("", "0")
+NATIVE = os.environ.get("LLAMACY_NATIVE", "") not in ("", "0")
+# Comma-separated module-name prefixes: build only these (development convenience).
+ONLY = tuple(p for p in os.environ.get("LLAMACY_BUILD_ONLY", "").split(",") if p)
+
+# Modules that must load on any CPU: they run before the AVX2 check can speak.
+NO_SIMD = {"llamacy.kernels.cpu"}
+
+
+def compile_args(simd: bool) -> list[str]:
+    args = ["-O1", "-g"] if DEBUG else ["-O3"]
+    args += ["-fopenmp", "-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
+    if simd and not PORTABLE:
+        args += ["-mavx2", "-mfma", "-mf16c"]
+        if NATIVE:
+            args += ["-march=native"]
+    return args
+
+
+def extensions() -> list[Extension]:
+    exts = []
+    for path in sorted(glob("llamacy/**/*.pyx", recursive=True)):
+        name = path[:-4].replace(os.sep, ".")
+        if ONLY and not name.startswith(ONLY):
+            continue
+        exts.append(
+            Extension(
+                name,
+                [path],
+                include_dirs=["llamacy/kernels"],
+                extra_compile_args=compile_args(name not in NO_SIMD),
+                extra_link_args=["-fopenmp"],
+                define_macros=[
+                    ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                    # Tells every module (cpu.pyx too, which is built without SIMD flags) which build this is.
+                    ("LLAMACY_SIMD_BUILD", "0" if PORTABLE else "1"),
+                ],
+            )
+        )
+    return exts
+
+
+directives = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+}
+
+setup(
+    ext_modules=cythonize(
+        extensions(),
+        compiler_directives=directives,
+        compile_time_env={"PORTABLE": PORTABLE},
+        nthreads=int(os.environ.get("LLAMACY_BUILD_JOBS", "0")) or None,
+        quiet="-q" in sys.argv or True,
+    ),
+)

@@ -1,0 +1,177 @@
+"""The fast path (Cython layer loop + quantized kernels) against the numpy oracle in tests/reference.
+
+Float weights must match the oracle to float32 rounding. Quantized weights differ from the oracle by the
+activation quantization (Q8 blocks, as the reference C engines do too), so there the bound is stated
+relative to the logit scale, and argmax must agree wherever the oracle's top two are not near-tied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from llamacy.engine import Llama
+from tests.reference.numpy_forward import reference_logits
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+FLOAT_TYPES = [QT.F32, QT.F16]
+LEGACY_TYPES = [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1]
+
+# Measured on these models: max |Δ| / max |logit| ≤ 0.05 for every legacy type (Q8 activations).
+QUANT_REL_ERR = 0.08
+# Where the oracle's top-1 leads top-2 by more than this, the fast path must pick the same token.
+CLEAR_MARGIN = 1.0
+
+
+def _ids(n_vocab: int, n: int = 24, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, n_vocab, n).tolist()
+
+
+def _margin(ref: np.ndarray) -> np.ndarray:
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0]
+
+
+@pytest.mark.parametrize("wtype", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float_weights_match_oracle(tiny_model, arch, wtype):
+    path = tiny_model(arch, wtype)
+    llm = Llama(path, n_threads=1)
+    ids = _ids(llm.n_vocab)
+    ref = reference_logits(path, ids)
+    got = llm.logits(ids)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+@pytest.mark.parametrize("wtype", LEGACY_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_weights_match_oracle(tiny_model, arch, wtype):
+    path = tiny_model(arch, wtype)
+    llm = Llama(path, n_threads=1)
+    ids = _ids(llm.n_vocab)
+    ref = reference_logits(path, ids)
+    got = llm.logits(ids)
+    rel = np.abs(got - ref).max() / np.abs(ref).max()
+    assert rel < QUANT_REL_ERR, f"max error {rel:.3f} of the logit scale"
+    same = got.argmax(1) == ref.argmax(1)
+    assert same[_margin(ref) > CLEAR_MARGIN].all()
+    # Random tiny models have many near-ties (top-2 margins of 0.01-0.3 against errors of ~0.2), so
+    # agreement elsewhere is statistical: measured 83-100% over these 20 cases. The kernels themselves
+    # are checked exactly in test_kernels.py; this bounds what 2+ layers of Q8 activations add.
+    assert same.mean() >= 0.75
+
+
+def test_tied_and_untied_heads(tiny_model):
+    for tie in (False, True):
+        path = tiny_model("llama", QT.F32, tie_embeddings=tie)
+        llm = Llama(path, n_threads=1)
+        ids = _ids(llm.n_vocab, 8)
+        np.testing.assert_allclose(llm.logits(ids), reference_logits(path, ids), atol=1e-4, rtol=0)
+
+
+def test_partial_rotary_and_rope_scaling(tiny_model):
+    path = tiny_model("llama", QT.F32, n_rot=8, rope_scaling_factor=4.0)
+    llm = Llama(path, n_threads=1)
+    ids = _ids(llm.n_vocab, 16)
+    np.testing.assert_allclose(llm.logits(ids), reference_logits(path, ids), atol=1e-4, rtol=0)
+
+
+def test_gemma3_sliding_window_slides(tiny_model):
+    # 40 tokens through a window of 8: the local layers must forget what the global layer still sees.
+    path = tiny_model("gemma3", QT.F32)
+    llm = Llama(path, n_threads=1)
+    ids = _ids(llm.n_vocab, 40)
+    np.testing.assert_allclose(llm.logits(ids), reference_logits(path, ids), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decode_one_by_one_equals_batch(tiny_model, arch):
+    path = tiny_model(arch, QT.Q8_0)
+    llm = Llama(path, n_threads=1)
+    ids = _ids(llm.n_vocab, 20)
+    batch = llm.logits(ids)
+    llm.reset()
+    steps = np.stack([llm.model.eval([t], logits="last") for t in ids])
+    np.testing.assert_allclose(steps, batch, atol=1e-4, rtol=1e-5)
+
+
+def test_micro_batches_equal_one_batch(tiny_model):
+    path = tiny_model("qwen2", QT.Q4_1)
+    whole = Llama(path, n_threads=1).logits(_ids(300, 30))
+    chunked = Llama(path, n_threads=1, n_batch=7).logits(_ids(300, 30))
+    np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-5)
+
+
+def test_threads_do_not_change_results(tiny_model):
+    path = tiny_model("llama", QT.Q4_0)
+    ids = _ids(300, 20)
+    one = Llama(path, n_threads=1).logits(ids)
+    two = Llama(path, n_threads=2).logits(ids)
+    np.testing.assert_array_equal(one, two)
+
+
+def test_sequences_batched_together_equal_each_alone(tiny_model):
+    """Two sequences decoded in one batch (as the server does) give what each gives alone."""
+    from llamacy.gguf import GGUFFile
+    from llamacy.model import Model
+
+    path = tiny_model("llama", QT.Q8_0)
+    a, b = _ids(300, 9, seed=1), _ids(300, 6, seed=2)
+    alone = [Llama(path, n_threads=1).logits(s) for s in (a, b)]
+    m = Model(GGUFFile(path), n_ctx=64, n_threads=1, n_seq=2)
+    m.eval_batch(np.array(a[:5]), np.arange(5), np.zeros(5), np.array([], np.int32))
+    m.eval_batch(np.array(b[:3]), np.arange(3), np.ones(3), np.array([], np.int32))
+    # Interleave the rest one token per sequence per step, as continuous batching does.
+    outs: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    for step in range(4):
+        toks, pos, seq = [], [], []
+        for s, ids, start in ((0, a, 5), (1, b, 3)):
+            if start + step < len(ids):
+                toks.append(ids[start + step])
+                pos.append(start + step)
+                seq.append(s)
+        out = m.eval_batch(np.array(toks), np.array(pos), np.array(seq), np.arange(len(toks)))
+        for row, s in enumerate(seq):
+            outs[s].append(out[row])
+    np.testing.assert_allclose(np.stack(outs[0]), alone[0][5:], atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(np.stack(outs[1]), alone[1][3:], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_smollm2_matches_oracle_on_32_positions(default_model_path):
+    llm = Llama(default_model_path, n_ctx=256)
+    text = (
+        "The capital of France is Paris. It is known for the Eiffel Tower, fine food, museums such as the "
+        "Louvre, and a long history of art and"
+    )
+    ids = llm.tokenize(text)[:32]
+    assert len(ids) == 32
+    ref = reference_logits(default_model_path, ids)
+    got = llm.logits(ids)
+    # Measured: max |Δ| 1.1-1.3 against max |logit| 35 (3.2-3.6%), from Q8 activations as in the
+    # reference C engine. Argmax agreed at 30-32 of 32 positions; the misses were near-ties (oracle
+    # top-2 margin 0.13-0.17), so agreement is required wherever the margin exceeds 0.25.
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 0.05
+    same = got.argmax(1) == ref.argmax(1)
+    assert same[_margin(ref) > 0.25].all()
+    assert same.mean() >= 0.9
+
+
+def test_eval_rejects_bad_input(tiny_model):
+    path = tiny_model("llama", QT.Q8_0)
+    llm = Llama(path, n_threads=1, n_ctx=16)
+    with pytest.raises(ValueError):
+        llm.model.forward.eval(
+            np.array([10**6], np.int32), np.array([0], np.int32), np.array([0], np.int32),
+            llm.model.kv.k, llm.model.kv.v, np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32), 1,
+        )
+    with pytest.raises(ValueError):  # position past the context
+        llm.model.forward.eval(
+            np.array([1], np.int32), np.array([16], np.int32), np.array([0], np.int32),
+            llm.model.kv.k, llm.model.kv.v, np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32), 1,
+        )

@@ -1,0 +1,60 @@
+"""The layer loop's element-wise ops and attention against plain numpy."""
+
+import numpy as np
+import pytest
+
+ops = pytest.importorskip("llamacy.kernels.ops")
+
+
+def test_rmsnorm_matches_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(577).astype(np.float32)
+    w = rng.standard_normal(577).astype(np.float32)
+    want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) * w
+    np.testing.assert_allclose(ops.py_rmsnorm(x, w, 1e-5), want, rtol=1e-5, atol=1e-6)
+
+
+def _rope_numpy(x: np.ndarray, n_rot: int, pos: float, base: float, neox: bool) -> np.ndarray:
+    x = x.astype(np.float64).copy()
+    inv = base ** (-np.arange(0, n_rot, 2) / n_rot)
+    ang = pos * inv
+    c, s = np.cos(ang), np.sin(ang)
+    if neox:
+        a, b = x[:, : n_rot // 2].copy(), x[:, n_rot // 2 : n_rot].copy()
+        x[:, : n_rot // 2], x[:, n_rot // 2 : n_rot] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[:, 0:n_rot:2].copy(), x[:, 1:n_rot:2].copy()
+        x[:, 0:n_rot:2], x[:, 1:n_rot:2] = a * c - b * s, a * s + b * c
+    return x
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_rope_matches_numpy(neox, n_rot):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    want = _rope_numpy(x, n_rot, 37, 10000.0, neox)
+    ops.py_rope(x, n_rot, 37, 10000.0, 2 if neox else 0)
+    np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_attention_matches_numpy(softcap):
+    rng = np.random.default_rng(2)
+    K = rng.standard_normal((40, 16)).astype(np.float32)
+    V = rng.standard_normal((40, 16)).astype(np.float32)
+    q = rng.standard_normal(16).astype(np.float32)
+    first, last, scale = 5, 30, 0.25
+    s = (K[first : last + 1] @ q) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    want = p @ V[first : last + 1]
+    np.testing.assert_allclose(ops.py_attend(q, K, V, first, last, scale, softcap), want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_rejects_bad_range():
+    K = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError):
+        ops.py_attend(np.zeros(8, np.float32), K, K, 0, 4, 1.0)

@@ -180,7 +180,7 @@ BPE_MERGES = [
     ("Ġ", "t"), ("h", "e"), ("Ġ", "a"), ("i", "n"), ("Ġt", "he"), ("e", "r"), ("o", "n"), ("Ġ", "s"),
     ("r", "e"), ("a", "t"), ("e", "n"), ("Ġ", "w"), ("Ġ", "c"), ("o", "r"), ("i", "s"), ("Ġ", "o"),
     ("Ġ", "b"), ("e", "s"), ("a", "n"), ("Ġ", "f"), ("Ġ", "p"), ("o", "u"), ("a", "l"), ("a", "r"),
-    ("Ġa", "n"), ("Ġan", "d"), ("Ġo", "f"), ("i", "t"), ("Ġ", "is"), ("T", "h"), ("Th", "e"),
+    ("Ġa", "n"), ("Ġan", "d"), ("Ġo", "f"), ("i", "t"), ("Ġ", "is"), ("T", "he"),
     ("Ġc", "a"), ("Ġca", "p"), ("Ġcap", "it"), ("Ġcapit", "al"), ("Ġ", "F"), ("ĠF", "r"), ("c", "e"),
     ("ĠFr", "an"), ("ĠFran", "ce"), ("Ġ", "P"), ("ĠP", "ar"), ("ĠPar", "is"), ("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"),
     ("Ċ", "Ċ"),
@@ -326,10 +326,11 @@ def _random_tensors(arch: str, hp: dict[str, Any], n_vocab: int, rng: np.random.
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     def post_norm(n: int) -> np.ndarray:
-        # Gemma's post-attention / post-FFN norms set the size of each block's contribution. Around 3, the
-        # blocks outweigh the sqrt(n_embd)-scaled embedding; at 1 the tied head mostly predicts the input
-        # token itself (argmax == input at ~80% of positions), a degenerate test model.
-        return 3.0 * norm(n)
+        # Gemma's post-attention / post-FFN norms set the size of each block's contribution. The tied head
+        # favours the input token by a term growing like sqrt(n_embd) (the embedding is scaled by it);
+        # weights of 0.5 * sqrt(n_embd) make the blocks outweigh it. At 1, the argmax is the input token
+        # itself at ~80% of positions: a degenerate test model.
+        return 0.5 * np.sqrt(n) * norm(n)
 
     def bias(n: int) -> np.ndarray:
         return (0.1 * rng.standard_normal(n)).astype(np.float32)

@@ -34,11 +34,12 @@ from llamacy.kernels.simd cimport *
 cdef enum:
     MAXR = 4
     MAXT = 4
-    DR = 4      # decode: rows per tile
+    DR = 2      # decode: rows per tile
     PR = 2      # prefill: rows per tile
     PT = 4      # prefill: tokens per tile
     GR = 16     # prefill: rows per parallel work item
     TCH = 64    # prefill: tokens per chunk
+    PF_TILES = 4  # decode: prefetch distance, in tiles
 
 
 ctypedef fused lblock:
@@ -343,8 +344,15 @@ cdef void tile_lg(const lblock* w, const tshape* shape, const block_q8a* y, Py_s
         for t in range(T):
             acc[r][t] = _mm256_setzero_ps()
             moff[r][t] = 0.0
+    cdef const char* pf = <const char*>(w + PF_TILES * R * nb)
+    cdef Py_ssize_t pfstep = R * sizeof(lblock)
+    cdef Py_ssize_t k
     if T == 1:
         for b in range(nb):
+            # Decode streams the weights from memory once: prefetch the tile PF_TILES ahead at the pace
+            # this one is read (R blocks' worth per step), so the loads below find it in cache.
+            for k in range(0, pfstep, 64):
+                lc_prefetch(pf + b * pfstep + k)
             yb = y + b
             qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
             u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_y, s, 0, 0]
@@ -486,7 +494,12 @@ cdef void tile_f(const fblock* w, const tshape* shape, const float* x, Py_ssize_
     for r in range(R):
         for t in range(T):
             acc[r][t] = _mm256_setzero_ps()
+    cdef const char* pf = <const char*>(w + PF_TILES * R * cols)
+    cdef Py_ssize_t pk
     for k in range(0, k8, 8):
+        if T == 1:  # decode streams the weights: prefetch PF_TILES tiles ahead (see tile_lg)
+            for pk in range(0, R * 8 * sizeof(fblock), 64):
+                lc_prefetch(pf + R * k * sizeof(fblock) + pk)
         for r in range(R):
             wv[r] = load8(w + r * cols + k)
         for t in range(T):

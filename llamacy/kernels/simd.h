@@ -215,6 +215,13 @@ static inline float _mm_cvtss_f32(__m128 a) { return a.f[0]; }
 
 /* --- helpers shared by both builds (built from the intrinsics above) --- */
 
+/* Prefetch a cache line for reading into all cache levels (never faults, even past the end). */
+#if defined(__GNUC__)
+#define lc_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+#else
+#define lc_prefetch(p) ((void)(p))
+#endif
+
 /* Keep the compiler from fusing x into a following add (FMA contraction): dequantization must round the
    product and the sum separately, exactly as the numpy reference does. */
 static inline float lc_no_contract(float x) {

@@ -101,6 +101,9 @@ cdef extern from "simd.h" nogil:
     __m128 _mm_max_ss(__m128 a, __m128 b)
     float _mm_cvtss_f32(__m128 a)
 
+    # Prefetch the cache line at p for reading (a hint; never faults).
+    void lc_prefetch(const void* p)
+
     # Round x to float now: stops the compiler fusing it into a following add (see simd.h).
     float lc_no_contract(float x)
 

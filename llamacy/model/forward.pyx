@@ -8,6 +8,7 @@ Architecture differences arrive as data (NULL pointers, flags, per-layer window 
 copies of this loop.
 """
 
+from cpython.exc cimport PyErr_CheckSignals
 from cython.parallel cimport prange
 from libc.math cimport sqrtf, tanhf
 from libc.stdint cimport int32_t, uint8_t
@@ -250,6 +251,9 @@ cdef class Forward:
                              lg + lr * self.n_vocab if lr_end > lr else NULL, nthreads)
             lr = lr_end
             start = stop
+            # A long prompt is many micro-batches: let Ctrl-C through between them.
+            if start < n and PyErr_CheckSignals() != 0:
+                raise KeyboardInterrupt
 
     cdef void _matmul(self, const WeightT* w, const float* x, Py_ssize_t ldx, Py_ssize_t n, float* y,
                       int nthreads) noexcept nogil:

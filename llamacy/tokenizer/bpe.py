@@ -122,6 +122,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
+UNKNOWN_CHAR = "<llamacy:unknown-char>"  # see build()
 BYTE_TO_CHAR = _bytes_to_unicode()
 CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 
@@ -136,22 +137,33 @@ def byte_level_decode(text: str) -> bytes:
 
 
 def build(vocab: Vocab, pre: PreTokenizer, merges: list[str]) -> HFTokenizer:
-    """A `tokenizers` Tokenizer that turns one raw fragment (no special tokens) into ids."""
+    """A `tokenizers` Tokenizer that turns one raw fragment (no special tokens) into ids.
+
+    Some vocabularies cannot spell every byte (SmolLM2 lacks 21 of the 256, e.g. 0x1D). llama.cpp keeps
+    such a character as a symbol that merges with nothing and then emits nothing for it; `tokenizers`
+    would drop it first and merge its neighbours across the gap (">" + "<" -> "><"). So the unknown
+    character becomes an extra token, id `vocab.n_vocab`, which the caller removes from the output.
+    """
     # llama.cpp splits each merge at the first space after its first character.
     joined = "\n".join(merges)
     if joined.startswith(" ") or "\n " in joined:
         pairs = [(m[: (p := m.find(" ", 1))], m[p + 1 :]) if m.find(" ", 1) > 0 else (m, "") for m in merges]
     else:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
+    known = vocab.token_to_id
+    unk = UNKNOWN_CHAR
+    while unk in known:
+        unk += "_"
+    table = {**known, unk: vocab.n_vocab}
+    options = {"unk_token": unk, "fuse_unk": False, "ignore_merges": pre.ignore_merges}
     try:
-        model = models.BPE(vocab=vocab.token_to_id, merges=pairs, ignore_merges=pre.ignore_merges)
+        model = models.BPE(vocab=table, merges=pairs, **options)
     except Exception:
         # `tokenizers` refuses merges of unknown tokens; llama.cpp keeps them but they can only matter
         # for text that the vocabulary cannot spell anyway. Dropping them keeps the others' order.
-        known = vocab.token_to_id
         kept = [(a, b) for a, b in pairs if a in known and b in known and a + b in known]
         log.warning("dropped %d merges that use tokens missing from the vocabulary", len(pairs) - len(kept))
-        model = models.BPE(vocab=known, merges=kept, ignore_merges=pre.ignore_merges)
+        model = models.BPE(vocab=table, merges=kept, **options)
     tok = HFTokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]

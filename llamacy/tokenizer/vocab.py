@@ -303,12 +303,18 @@ class _Index:
         self.text_to_id = {tokens[tid]: tid for tid in ids}
         self.single = {t: tid for t, tid in self.text_to_id.items() if len(t) == 1}
         # Longer tokens by their first two characters: the lengths worth looking up there. Few distinct
-        # lengths share a prefix (Gemma's 6,242 "<unusedN>" tokens have four), so this stays cheap.
-        lengths: dict[str, set[int]] = {}
+        # lengths share a prefix (Gemma's 6,242 "<unusedN>" tokens have four) except in runs of one
+        # character (Gemma: 2 to 31 spaces, newlines, tabs). Those groups are closed under prefixes, so
+        # the lengths can be tried shortest first, stopping at the first miss.
+        groups: dict[str, set[str]] = {}
         for t in self.text_to_id:
             if len(t) > 1:
-                lengths.setdefault(t[:2], set()).add(len(t))
-        self.lengths = {p: sorted(ls) for p, ls in lengths.items()}
+                groups.setdefault(t[:2], set()).add(t)
+        self.lengths: dict[str, tuple[bool, list[int]]] = {}
+        for prefix, texts in groups.items():
+            lengths = sorted({len(t) for t in texts})
+            closed = len(lengths) > 4 and all(t[:k] in texts for t in texts for k in range(2, len(t)))
+            self.lengths[prefix] = (closed, lengths)
         firsts = sorted({t[0] for t in self.text_to_id})
         self.first_chars = re.compile("[" + "".join(re.escape(c) for c in firsts) + "]") if firsts else None
 
@@ -322,8 +328,14 @@ class _Index:
             tid = single.get(text[i])
             if tid is not None:
                 found.add(tid)
-            for n in lengths.get(text[i : i + 2], ()):
+            group = lengths.get(text[i : i + 2])
+            if group is None:
+                continue
+            closed, group_lengths = group
+            for n in group_lengths:
                 tid = text_to_id.get(text[i : i + n])
                 if tid is not None:
                     found.add(tid)
+                elif closed:
+                    break
         return found

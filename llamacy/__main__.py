@@ -1,0 +1,3 @@
+from llamacy.cli import main
+
+main()

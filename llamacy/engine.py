@@ -27,6 +27,7 @@ class Stats:
     gen_tokens: int = 0
     gen_s: float = 0.0
     first_token_s: float = 0.0  # from the call to the first generated token
+    profile: dict[str, float] = field(default_factory=dict)  # seconds per stage, with profile=True
 
     @property
     def prompt_tps(self) -> float:
@@ -66,6 +67,7 @@ class Llama:
         n_threads: int | None = None,
         n_batch: int = 256,
         verbose: bool = False,
+        profile: bool = False,
     ) -> None:
         t0 = time.perf_counter()
         from llamacy.catalog import resolve_model
@@ -100,6 +102,9 @@ class Llama:
             )
         self.model = Model(self.gguf, self.n_ctx, self.n_threads, ubatch=n_batch, cfg=self.config)
         self.verbose = verbose
+        self.profiling = profile
+        if profile:
+            self.model.forward.set_profiling(True)
         self.load_s = time.perf_counter() - t0
         self.last: Completion | None = None
 
@@ -165,6 +170,10 @@ class Llama:
         done = Completion(stats=Stats(load_s=self.load_s, prompt_tokens=len(ids)))
         self.last = done
         st = done.stats
+        prof = self.profiling
+        t_sample = t_detok = 0.0
+        if prof:
+            self.model.forward.profile_reset()
         st.prompt_evaluated = len(ids) - max(0, min(self.model.kv.common_prefix(0, ids), len(ids) - 1))
         logits = self._prefill(ids)
         t1 = time.perf_counter()
@@ -179,7 +188,10 @@ class Llama:
             if max_tokens is not None and st.gen_tokens >= max_tokens:
                 done.finish_reason = "length"
                 break
+            ts = time.perf_counter()
             tok = sampler.sample(logits, history)
+            if prof:
+                t_sample += time.perf_counter() - ts
             if st.gen_tokens == 0:
                 st.first_token_s = time.perf_counter() - t0
             if tok in eog:
@@ -188,7 +200,10 @@ class Llama:
             st.gen_tokens += 1
             done.tokens.append(tok)
             history.append(tok)
+            ts = time.perf_counter()
             piece = stops.feed(decoder.feed(tok))
+            if prof:
+                t_detok += time.perf_counter() - ts
             done.text += piece
             yield tok, piece
             if stops.stopped:
@@ -205,6 +220,11 @@ class Llama:
                 done.text += tail
                 yield -1, tail
         st.gen_s = time.perf_counter() - t_gen
+        if prof:
+            st.profile = self.model.forward.profile()
+            st.profile["sampling"] = t_sample
+            st.profile["detokenizing"] = t_detok
+            st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any) -> Iterator[str]:
         """Yield text pieces as they are generated (see generate_tokens for the options)."""

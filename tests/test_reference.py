@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from tests.model_factory import BPE_CONTROL, DEFAULTS, WEIGHT_TYPES, bytes_to_unicode, quantize, write_tiny_model
+from tests.model_factory import (
+    BPE_CONTROL,
+    DEFAULTS,
+    WEIGHT_TYPES,
+    bytes_to_unicode,
+    quantize,
+    write_tiny_model,
+)
 from tests.reference.numpy_forward import load, reference_logits, rope
 
 ARCHS = tuple(DEFAULTS)
@@ -102,9 +109,23 @@ def test_quantized_model_is_close_to_its_float_twin(tmp_path) -> None:
 
 
 EXPECTED_LAYER_TENSORS = {
-    "llama": {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"},
+    "llama": {
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    },
 }
-EXPECTED_LAYER_TENSORS["qwen2"] = EXPECTED_LAYER_TENSORS["llama"] | {"attn_q.bias", "attn_k.bias", "attn_v.bias"}
+EXPECTED_LAYER_TENSORS["qwen2"] = EXPECTED_LAYER_TENSORS["llama"] | {
+    "attn_q.bias",
+    "attn_k.bias",
+    "attn_v.bias",
+}
 EXPECTED_LAYER_TENSORS["qwen3"] = EXPECTED_LAYER_TENSORS["llama"] | {"attn_q_norm", "attn_k_norm"}
 EXPECTED_LAYER_TENSORS["gemma3"] = EXPECTED_LAYER_TENSORS["qwen3"] | {"post_attention_norm", "post_ffw_norm"}
 
@@ -199,7 +220,9 @@ def test_rope_pairs_and_angles() -> None:
     np.testing.assert_allclose(neox, expected)
     np.testing.assert_allclose(rope(x, np.array([0]), n_rot, base, 1.0, "neox"), x)
     # linear scaling: position 3 at freq_scale 0.5 is position 1.5
-    np.testing.assert_allclose(rope(x, pos, n_rot, base, 0.5, "normal"), rope(x, np.array([1.5]), n_rot, base, 1.0, "normal"))
+    np.testing.assert_allclose(
+        rope(x, pos, n_rot, base, 0.5, "normal"), rope(x, np.array([1.5]), n_rot, base, 1.0, "normal")
+    )
 
 
 # -- the factory's own parts ---------------------------------------------------------------------------
@@ -247,7 +270,11 @@ def test_bpe_vocabulary_is_usable_by_tokenizers(tiny_model) -> None:
 def test_spm_vocabulary_layout(tiny_model) -> None:
     r = gguf.GGUFReader(tiny_model("gemma3", QT.Q8_0))
     f = {k: r.fields[k].contents() for k in r.fields if k.startswith("tokenizer.ggml.")}
-    tokens, types, scores = f["tokenizer.ggml.tokens"], f["tokenizer.ggml.token_type"], f["tokenizer.ggml.scores"]
+    tokens, types, scores = (
+        f["tokenizer.ggml.tokens"],
+        f["tokenizer.ggml.token_type"],
+        f["tokenizer.ggml.scores"],
+    )
     assert f["tokenizer.ggml.model"] == "llama"
     assert tokens[:6] == ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
     assert (f["tokenizer.ggml.bos_token_id"], f["tokenizer.ggml.eos_token_id"]) == (2, 1)

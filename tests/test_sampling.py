@@ -30,7 +30,7 @@ def dist(logits: Sequence[float], history: Sequence[int] = (), **kw) -> dict[int
     x = np.asarray(logits, dtype=np.float32)
     ids, probs = Sampler(SamplingParams(seed=0, **kw), len(x)).distribution(x, history)
     assert math.isclose(float(probs.sum()), 1.0, rel_tol=1e-12)
-    return {int(i): float(p) for i, p in zip(ids, probs)}
+    return {int(i): float(p) for i, p in zip(ids, probs, strict=True)}
 
 
 def greedy(logits: Sequence[float], history: Sequence[int] = (), **kw) -> int:
@@ -98,7 +98,7 @@ def test_top_k_keeps_the_k_largest_lowest_ids_on_ties() -> None:
     x = [0.5, 2.0, 1.0, 1.0, 1.0, -3.0]
     d = dist(x, top_k=3, top_p=1.0, min_p=0.0, temperature=1.0)
     assert list(d) == [1, 2, 3]  # 2.0, then two of the three 1.0s: the lowest ids
-    assert d == pytest.approx(dict(zip([1, 2, 3], softmax([2.0, 1.0, 1.0]))))
+    assert d == pytest.approx(dict(zip([1, 2, 3], softmax([2.0, 1.0, 1.0]), strict=True)))
 
 
 def test_top_p_keeps_smallest_prefix_reaching_p() -> None:
@@ -274,9 +274,9 @@ def reference_distribution(logits: np.ndarray, history: Sequence[int], p: Sampli
                 break
     if p.min_p > 0.0:
         probs = softmax([x[i] for i in cand])
-        cand = [i for i, q in zip(cand, probs) if q >= p.min_p * probs[0]]
+        cand = [i for i, q in zip(cand, probs, strict=True) if q >= p.min_p * probs[0]]
     final = softmax([x[i] / p.temperature for i in cand])
-    return dict(zip(cand, (float(q) for q in final)))
+    return dict(zip(cand, (float(q) for q in final), strict=True))
 
 
 def _random_params(rng: np.random.Generator) -> SamplingParams:

@@ -21,7 +21,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from llamacy.errors import UnsupportedModelError
+from llamacy.errors import UnsupportedModelError, UsageError
 from llamacy.gguf import GGUFFile
 from llamacy.tokenizer import Tokenizer, TokenType, spm
 from llamacy.tokenizer.vocab import read_vocab
@@ -56,7 +56,7 @@ HARD_TEXTS = [
     "a\u200bb\ufeffc\u00adđ",
     "def f(x):\n    return x**2  # comment\n\nprint(f(3))\n",
     'if (a <= b && c != d) { x += 1; } // $HOME ~/.bashrc | grep "^foo"',
-    "<div class=\"a\">&nbsp;<b>bold</b></div>\n<table><tr><td>1</td></tr></table>",
+    '<div class="a">&nbsp;<b>bold</b></div>\n<table><tr><td>1</td></tr></table>',
     "!!! ??? ... --- ___ *** ### @@@ ``` ~~~",
     "The price is $12.99 (or €11,50) — 20% off!",
     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
@@ -94,7 +94,7 @@ _WS = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x
 _WS_CLASS = "".join(f"\\U{c:08x}" for c in sorted(_WS))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flags(cpt: int) -> tuple[bool, bool, bool, bool]:
     """(is_letter, is_number, is_whitespace, nonzero) as llama.cpp's unicode_cpt_flags_from_cpt. Every
     code point has some category flag there (unassigned ones are \\p{C}); only "out of range" has none."""
@@ -102,7 +102,7 @@ def _flags(cpt: int) -> tuple[bool, bool, bool, bool]:
     return category[0] == "L", category[0] == "N", cpt in _WS, True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _category_class(major: str) -> str:
     """The body of a character class for the Unicode general category `major` (L, N, P), for `re`."""
     runs: list[list[int]] = []
@@ -265,7 +265,7 @@ def _to_python_regex(rx: str) -> str:
     return "".join(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compile(rx: str) -> re.Pattern[str]:
     return re.compile(_to_python_regex(rx))
 
@@ -308,7 +308,9 @@ _REF_PRE = {
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    bs = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -316,7 +318,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 _BYTE_ENC = _bytes_to_unicode()
@@ -330,12 +332,16 @@ class LlamaCppReference:
         self.pre = metadata.get("tokenizer.ggml.pre", "default")
         v = read_vocab(metadata, default_add_bos=self.model == "llama")  # types after llama.cpp's fix-ups
         self.tokens = v.tokens
-        self.token_to_id = dict(zip(v.tokens, range(len(v.tokens))))
+        self.token_to_id = dict(zip(v.tokens, range(len(v.tokens)), strict=True))
         self.types = v.types
         self.scores = v.scores
         self.add_space_prefix = v.add_space_prefix
-        self.is_control = set(np.flatnonzero(np.isin(v.types, [TokenType.CONTROL, TokenType.UNKNOWN])).tolist())
-        special = np.flatnonzero(np.isin(v.types, [TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN]))
+        self.is_control = set(
+            np.flatnonzero(np.isin(v.types, [TokenType.CONTROL, TokenType.UNKNOWN])).tolist()
+        )
+        special = np.flatnonzero(
+            np.isin(v.types, [TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN])
+        )
         self.special = sorted(special.tolist(), key=lambda i: -len(v.tokens[i].encode()))  # stable: id order
         if self.model == "gpt2":
             self.ranks: dict[tuple[str, str], int] = {}
@@ -434,7 +440,11 @@ class LlamaCppReference:
                 if s in self.token_to_id:
                     out.append(self.token_to_id[s])
                 else:  # one token per byte, where a one-byte token exists
-                    out += [self.token_to_id[chr(b)] for b in s.encode() if b < 0x80 and chr(b) in self.token_to_id]
+                    out += [
+                        self.token_to_id[chr(b)]
+                        for b in s.encode()
+                        if b < 0x80 and chr(b) in self.token_to_id
+                    ]
         return out
 
     def _spm(self, text: str) -> list[int]:
@@ -612,6 +622,13 @@ def test_spm_random_texts_match_reference(gemma: Tokenizer, gemma_ref: LlamaCppR
     for i, text in enumerate(random_texts(seed=99, count=150)):
         special = i % 2 == 1
         assert gemma.encode(text, special=special) == gemma_ref.encode(text, special), repr(text)
+
+
+def test_long_texts_match_reference(smol: Tokenizer, smol_md: dict, gemma: Tokenizer, gemma_ref) -> None:
+    """Many fragments (Gemma cuts at every newline: the batched sentencepiece path) and long words."""
+    text = "\n".join(f"line {i}: <b>x</b>  {'ab' * i} {i**5} 'tis" for i in range(80)) + " " * 50
+    assert gemma.encode(text, special=True) == gemma_ref.encode(text, True)
+    assert smol.encode(text, special=True) == LlamaCppReference(smol_md).encode(text, True)
 
 
 def test_spm_add_space_prefix_follows_special_tokens(gemma_md: dict, gemma_ref: LlamaCppReference) -> None:
@@ -796,6 +813,18 @@ def test_stream_decoder_bpe_pieces(smol: Tokenizer) -> None:
 # ---- errors and edge cases -----------------------------------------------------------------------------
 
 
+def test_token_ids_outside_the_vocabulary_are_refused(smol: Tokenizer) -> None:
+    for bad in (-1, smol.n_vocab):
+        with pytest.raises(UsageError, match="outside the vocabulary"):
+            smol.decode([504, bad])
+        with pytest.raises(UsageError):
+            smol.decode([bad], skip_special=True)
+        with pytest.raises(UsageError):
+            smol.stream_decoder(skip_special=True).feed(bad)
+        with pytest.raises(UsageError):
+            smol.is_special(bad)
+
+
 def test_unknown_tokenizer_model_is_refused(smol_md: dict) -> None:
     with pytest.raises(UnsupportedModelError, match=r"'bert'.*supported: gpt2 .*llama"):
         Tokenizer.from_metadata({**smol_md, "tokenizer.ggml.model": "bert"})
@@ -812,10 +841,10 @@ def test_unknown_pre_tokenizer_is_refused(smol_md: dict) -> None:
 
 def test_missing_vocabulary_is_refused(smol_md: dict) -> None:
     md = {k: v for k, v in smol_md.items() if k != "tokenizer.ggml.tokens"}
-    with pytest.raises(UnsupportedModelError, match="tokenizer.ggml.tokens"):
+    with pytest.raises(UnsupportedModelError, match=r"tokenizer\.ggml\.tokens"):
         Tokenizer.from_metadata(md)
     md = {k: v for k, v in smol_md.items() if k != "tokenizer.ggml.merges"}
-    with pytest.raises(UnsupportedModelError, match="tokenizer.ggml.merges"):
+    with pytest.raises(UnsupportedModelError, match=r"tokenizer\.ggml\.merges"):
         Tokenizer.from_metadata(md)
 
 
@@ -860,8 +889,8 @@ def test_duplicate_and_empty_tokens(smol_md: dict) -> None:
 def test_spm_proto_cache(gemma_md: dict, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cold = Tokenizer.from_metadata(gemma_md, cache_key="gemma:1")
-    files = list((tmp_path / "llamacy").iterdir())
-    assert len(files) == 1 and files[0].suffix == ".spm"
+    files = list((tmp_path / "llamacy" / "tokenizers").iterdir())
+    assert files == [spm.cache_path("gemma:1", cold.n_vocab)]
     warm = Tokenizer.from_metadata(gemma_md, cache_key="gemma:1")
     text = "The capital of France is 🙂\n<start_of_turn>"
     assert warm.encode(text, special=True) == cold.encode(text, special=True)
@@ -869,6 +898,12 @@ def test_spm_proto_cache(gemma_md: dict, monkeypatch: pytest.MonkeyPatch, tmp_pa
     again = Tokenizer.from_metadata(gemma_md, cache_key="gemma:1")
     assert again.encode(text, special=True) == cold.encode(text, special=True)
     assert files[0].stat().st_size > 1000
+
+
+def test_small_vocabularies_are_not_cached(tiny_spm, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    Tokenizer.from_metadata(tiny_spm[1], cache_key="tiny:1")
+    assert not (tmp_path / "llamacy").exists()
 
 
 def test_model_proto_roundtrips_through_sentencepiece(tiny_spm) -> None:
@@ -891,7 +926,9 @@ def test_llamacy_gguf_metadata_is_what_we_expect() -> None:
         pytest.skip("SmolLM2 not installed")
     with GGUFFile(path) as f:
         md = f.metadata
-        assert isinstance(md["tokenizer.ggml.tokens"], list) and isinstance(md["tokenizer.ggml.tokens"][0], str)
+        assert isinstance(md["tokenizer.ggml.tokens"], list) and isinstance(
+            md["tokenizer.ggml.tokens"][0], str
+        )
         assert isinstance(md["tokenizer.ggml.merges"], list)
         assert md["tokenizer.ggml.token_type"].dtype == np.int32
         tok = Tokenizer.from_metadata(md, cache_key=f"{path}:{os.path.getsize(path)}")

@@ -6,6 +6,7 @@ import typer
 
 from llamacy.cli import bench as bench_cmd
 from llamacy.cli import info as info_cmd
+from llamacy.cli import perplexity as perplexity_cmd
 from llamacy.cli import run as run_cmd
 
 app = typer.Typer(
@@ -36,3 +37,6 @@ def _root(
 app.command("run", help="Complete a prompt and print the completion.")(run_cmd.run)
 app.command("info", help="Describe a model file: architecture, size, quant mix, memory needs.")(info_cmd.info)
 app.command("bench", help="Measure prompt processing (pp) and generation (tg) speed.")(bench_cmd.bench)
+app.command("perplexity", help="Perplexity of a model on a text file (the reference tool's method).")(
+    perplexity_cmd.perplexity
+)

@@ -17,7 +17,7 @@ REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", help="Penalty for repeate
 REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", help="How many recent tokens the repeat penalty sees.")
 PRESENCE = typer.Option(0.0, "--presence-penalty", help="OpenAI-style presence penalty.")
 FREQUENCY = typer.Option(0.0, "--frequency-penalty", help="OpenAI-style frequency penalty.")
-SEED = typer.Option(None, "--seed", "-s", help="Random seed, for reproducible sampling.")
+SEED = typer.Option(None, "--seed", "-s", help="Random seed, for reproducible sampling; -1 = random.")
 
 
 def sampling_kwargs(
@@ -43,7 +43,7 @@ def sampling_kwargs(
         repeat_last_n=repeat_last_n,
         presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty,
-        seed=seed,
+        seed=None if seed is not None and seed == -1 else seed,
     )
     _sampling_params(kwargs)
     return kwargs

@@ -58,3 +58,22 @@ def print_stats(llm: Any) -> None:
         f"({st.gen_tps:.1f} tok/s) · first token {st.first_token_s * 1000:.0f} ms · "
         f"finish: {c.finish_reason}[/dim]"
     )
+
+
+def print_profile(stats: Any) -> None:
+    """Where the time went, per stage, on stderr (from Llama(profile=True))."""
+    from rich.console import Console
+    from rich.table import Table
+
+    prof = stats.profile
+    total = sum(prof.values()) or 1e-12
+    per = max(stats.gen_tokens, 1)
+    t = Table(title=f"profile: {stats.prompt_evaluated} prompt + {stats.gen_tokens} generated tokens")
+    t.add_column("stage")
+    t.add_column("total ms", justify="right")
+    t.add_column("ms / generated token", justify="right")
+    t.add_column("share", justify="right")
+    for name, sec in sorted(prof.items(), key=lambda kv: -kv[1]):
+        t.add_row(name, f"{sec * 1000:.1f}", f"{sec * 1000 / per:.3f}", f"{100 * sec / total:.1f}%")
+    t.add_row("total", f"{total * 1000:.1f}", f"{total * 1000 / per:.3f}", "100%", style="bold")
+    Console(stderr=True, highlight=False).print(t)

@@ -52,6 +52,7 @@ def run(
     echo: bool = typer.Option(None, "--echo/--no-echo", help="Print the prompt before the completion "
                               "(default: on a terminal only)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
+    profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
     sampling = opt.sampling_kwargs(
@@ -59,10 +60,10 @@ def run(
     )
     text = read_prompt(prompt, file)
 
-    from llamacy.cli.output import CompletionWriter, print_stats
+    from llamacy.cli.output import CompletionWriter, print_profile, print_stats
     from llamacy.engine import Llama
 
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, profile=profile)
     out = CompletionWriter(echo=echo)
     out.prompt(text)
     try:
@@ -74,3 +75,5 @@ def run(
     out.end()
     if verbose:
         print_stats(llm)
+    if profile and llm.last is not None:
+        print_profile(llm.last.stats)

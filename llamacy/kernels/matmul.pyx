@@ -34,12 +34,12 @@ from llamacy.kernels.simd cimport *
 cdef enum:
     MAXR = 4
     MAXT = 4
-    DR = 2      # decode: rows per tile
+    DR = 4      # decode: rows per tile
     PR = 2      # prefill: rows per tile
     PT = 4      # prefill: tokens per tile
     GR = 16     # prefill: rows per parallel work item
     TCH = 64    # prefill: tokens per chunk
-    PF_TILES = 4  # decode: prefetch distance, in tiles
+    PF_TILES = 2  # decode: prefetch distance, in tiles
 
 
 ctypedef fused lblock:

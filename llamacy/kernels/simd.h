@@ -116,6 +116,7 @@ LC_I256(_mm256_srlv_epi64)(__m256i a, __m256i n) {
 LC_I256(_mm256_add_epi16)(__m256i a, __m256i b) { for (int i = 0; i < 16; i++) a.i16[i] = (int16_t)(a.i16[i] + b.i16[i]); return a; }
 LC_I256(_mm256_sub_epi16)(__m256i a, __m256i b) { for (int i = 0; i < 16; i++) a.i16[i] = (int16_t)(a.i16[i] - b.i16[i]); return a; }
 LC_I256(_mm256_add_epi32)(__m256i a, __m256i b) { for (int i = 0; i < 8; i++) a.u32[i] += b.u32[i]; return a; }
+LC_I256(_mm256_sub_epi32)(__m256i a, __m256i b) { for (int i = 0; i < 8; i++) a.u32[i] -= b.u32[i]; return a; }
 LC_I256(_mm256_sub_epi8)(__m256i a, __m256i b) { for (int i = 0; i < 32; i++) a.u8[i] = (uint8_t)(a.u8[i] - b.u8[i]); return a; }
 LC_I256(_mm256_cmpeq_epi8)(__m256i a, __m256i b) { for (int i = 0; i < 32; i++) a.u8[i] = a.u8[i] == b.u8[i] ? 0xff : 0; return a; }
 /* a: unsigned bytes, b: signed bytes; adjacent products summed into saturated int16. */
@@ -185,6 +186,7 @@ LC_F256(_mm256_add_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] 
 LC_F256(_mm256_mul_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] *= b.f[i]; return a; }
 LC_F256(_mm256_max_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] = a.f[i] > b.f[i] ? a.f[i] : b.f[i]; return a; }
 LC_F256(_mm256_fmadd_ps)(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) a.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return a; }
+LC_F256(_mm256_fnmadd_ps)(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) a.f[i] = fmaf(-a.f[i], b.f[i], c.f[i]); return a; }
 LC_F256(_mm256_andnot_ps)(__m256 a, __m256 b) {
     __m256 r; uint32_t x, y;
     for (int i = 0; i < 8; i++) { memcpy(&x, &a.f[i], 4); memcpy(&y, &b.f[i], 4); x = ~x & y; memcpy(&r.f[i], &x, 4); }

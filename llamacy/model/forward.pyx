@@ -11,6 +11,7 @@ copies of this loop.
 from cpython.exc cimport PyErr_CheckSignals
 from cython.parallel cimport prange
 from libc.math cimport sqrtf, tanhf
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
@@ -36,7 +37,35 @@ import numpy as np
 cdef enum:
     ACT_SILU = 0
     ACT_GELU = 1
-    N_ACT_FORMATS = 3
+
+# Where --profile attributes time inside the layer loop.
+cdef enum:
+    P_MM_QKV = 0
+    P_MM_O = 1
+    P_MM_UP = 2
+    P_MM_DOWN = 3
+    P_MM_OUT = 4
+    P_ATTN = 5
+    P_QUANT = 6
+    P_ELEM = 7
+    N_PROF = 8
+
+PROFILE_NAMES = (
+    "matmul attn q/k/v",
+    "matmul attn output",
+    "matmul ffn gate/up",
+    "matmul ffn down",
+    "matmul output head",
+    "attention",
+    "quantize activations",
+    "norms, rope, residuals",
+)
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 ctypedef struct Scratch:
@@ -68,6 +97,9 @@ cdef class Forward:
     cdef float eps, embd_scale, attn_scale, attn_softcap, final_softcap
     cdef Py_ssize_t ubatch, n_ctx_max, threads_max
     cdef Scratch s
+    cdef bint profiling
+    cdef double prof[N_PROF]
+    cdef double last_mark
     cdef object _keep            # Python objects whose buffers the pointers above point into
     cdef object _scratch_arrays
 
@@ -200,6 +232,27 @@ cdef class Forward:
     def ubatch_size(self) -> int:
         return self.ubatch
 
+    def set_profiling(self, bint on):
+        """Accumulate time per stage of the layer loop (two clock reads a stage; off by default)."""
+        self.profiling = on
+        self.profile_reset()
+
+    def profile_reset(self):
+        cdef int i
+        for i in range(N_PROF):
+            self.prof[i] = 0.0
+
+    def profile(self) -> dict:
+        """Seconds spent per stage since the last reset."""
+        return {PROFILE_NAMES[i]: self.prof[i] for i in range(N_PROF)}
+
+    cdef inline void _lap(self, int kind) noexcept nogil:
+        cdef double now
+        if self.profiling:
+            now = _now()
+            self.prof[kind] += now - self.last_mark
+            self.last_mark = now
+
     def eval(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] seq,
              float[:, :, :, :, ::1] k_cache, float[:, :, :, :, ::1] v_cache,
              const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads):
@@ -256,23 +309,29 @@ cdef class Forward:
                 raise KeyboardInterrupt
 
     cdef void _matmul(self, const WeightT* w, const float* x, Py_ssize_t ldx, Py_ssize_t n, float* y,
-                      int nthreads) noexcept nogil:
+                      int nthreads, int kind) noexcept nogil:
         """y[t, :] = w @ x[t, :] for t < n: quantize the rows for this weight's format, then multiply."""
         cdef Py_ssize_t rb = act_row_bytes(w.type, w.cols), t
+        self._lap(P_ELEM)
         for t in range(n):
             quantize_act_row(w.type, x + t * ldx, self.s.aq + t * rb, w.cols)
+        self._lap(P_QUANT)
         matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
+        self._lap(kind)
 
     cdef void _matmul_same_input(self, const WeightT* w, float* y, Py_ssize_t n, int* last_fmt,
-                                 int nthreads) noexcept nogil:
+                                 int nthreads, int kind) noexcept nogil:
         """Like _matmul on s.xn, reusing the quantized rows when the previous call had the same format."""
         cdef int fmt = act_format(w.type)
         cdef Py_ssize_t rb = act_row_bytes(w.type, w.cols), t
+        self._lap(P_ELEM)
         if fmt != last_fmt[0]:
             for t in range(n):
                 quantize_act_row(w.type, self.s.xn + t * w.cols, self.s.aq + t * rb, w.cols)
             last_fmt[0] = fmt
+            self._lap(P_QUANT)
         matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
+        self._lap(kind)
 
     cdef void _ubatch(self, const int32_t* tokens, const int32_t* pos, const int32_t* seq, Py_ssize_t n,
                       float* kc, float* vc, Py_ssize_t n_seq, Py_ssize_t n_ctx,
@@ -293,6 +352,8 @@ cdef class Forward:
         cdef float* vl
         cdef Py_ssize_t th, item
 
+        if self.profiling:
+            self.last_mark = _now()
         # Token embeddings.
         for t in range(n):
             dequantize_row(self.tok_embd.type, self.tok_embd.data + tokens[t] * self.tok_embd.row_bytes,
@@ -306,9 +367,9 @@ cdef class Forward:
             for t in range(n):
                 rmsnorm(s.x + t * E, L.attn_norm, s.xn + t * E, E, self.eps)
             fmt = -1
-            self._matmul_same_input(&L.wq, s.q, n, &fmt, nthreads)
-            self._matmul_same_input(&L.wk, s.k, n, &fmt, nthreads)
-            self._matmul_same_input(&L.wv, s.v, n, &fmt, nthreads)
+            self._matmul_same_input(&L.wq, s.q, n, &fmt, nthreads, P_MM_QKV)
+            self._matmul_same_input(&L.wk, s.k, n, &fmt, nthreads, P_MM_QKV)
+            self._matmul_same_input(&L.wv, s.v, n, &fmt, nthreads, P_MM_QKV)
             if L.rope_base != base or L.rope_freq_scale != fscale:
                 base = L.rope_base
                 fscale = L.rope_freq_scale
@@ -332,6 +393,7 @@ cdef class Forward:
                     memcpy(vl + seq[t] * seq_stride + h * head_stride + pos[t] * HD, s.v + t * KVW + h * HD,
                            HD * sizeof(float))
             # Every (token, head) pair attends independently.
+            self._lap(P_ELEM)
             if nthreads > 1 and n * NH > 1:
                 for item in prange(n * NH, nogil=True, num_threads=nthreads, schedule="dynamic"):
                     self._attend_item(item, pos, seq, L.window, kl, vl, seq_stride, head_stride, group,
@@ -340,7 +402,8 @@ cdef class Forward:
                 for item in range(n * NH):
                     self._attend_item(item, pos, seq, L.window, kl, vl, seq_stride, head_stride, group,
                                       s.scores)
-            self._matmul(&L.wo, s.att, QW, n, s.o, nthreads)
+            self._lap(P_ATTN)
+            self._matmul(&L.wo, s.att, QW, n, s.o, nthreads, P_MM_O)
             for t in range(n):
                 if L.post_attn_norm != NULL:
                     rmsnorm(s.o + t * E, L.post_attn_norm, s.o + t * E, E, self.eps)
@@ -350,29 +413,31 @@ cdef class Forward:
             for t in range(n):
                 rmsnorm(s.x + t * E, L.ffn_norm, s.xn + t * E, E, self.eps)
             fmt = -1
-            self._matmul_same_input(&L.gate, s.g, n, &fmt, nthreads)
-            self._matmul_same_input(&L.up, s.u, n, &fmt, nthreads)
+            self._matmul_same_input(&L.gate, s.g, n, &fmt, nthreads, P_MM_UP)
+            self._matmul_same_input(&L.up, s.u, n, &fmt, nthreads, P_MM_UP)
             for t in range(n):
                 if self.act == ACT_GELU:
                     gelu_mul(s.g + t * F, s.u + t * F, F)
                 else:
                     silu_mul(s.g + t * F, s.u + t * F, F)
-            self._matmul(&L.down, s.g, F, n, s.o, nthreads)
+            self._matmul(&L.down, s.g, F, n, s.o, nthreads, P_MM_DOWN)
             for t in range(n):
                 if L.post_ffn_norm != NULL:
                     rmsnorm(s.o + t * E, L.post_ffn_norm, s.o + t * E, E, self.eps)
                 add_inplace(s.x + t * E, s.o + t * E, E)
 
         if n_logits == 0:
+            self._lap(P_ELEM)
             return
         # Output head, only for the rows whose logits are wanted.
         for j in range(n_logits):
             t = logit_rows[j] - row0
             rmsnorm(s.x + t * E, self.output_norm, s.xn + j * E, E, self.eps)
-        self._matmul(&self.output, s.xn, E, n_logits, logits, nthreads)
+        self._matmul(&self.output, s.xn, E, n_logits, logits, nthreads, P_MM_OUT)
         if self.final_softcap > 0.0:
             for j in range(n_logits * self.n_vocab):
                 logits[j] = self.final_softcap * tanhf(logits[j] / self.final_softcap)
+        self._lap(P_ELEM)
 
     cdef inline void _attend_item(self, Py_ssize_t item, const int32_t* pos, const int32_t* seq,
                                   Py_ssize_t window, float* kl, float* vl, Py_ssize_t seq_stride,

@@ -26,9 +26,8 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from tokenizers import Regex
+from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
 
 from llamacy.errors import UnsupportedModelError
 from llamacy.tokenizer.vocab import Vocab
@@ -74,25 +73,16 @@ _DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][
 
 # `tokenizer.ggml.pre` names, grouped as llama.cpp groups them (LLAMA_VOCAB_PRE_TYPE_*). Only names whose
 # llama.cpp settings are nothing but these regexes and flags are listed; "gpt2" is our alias of "gpt-2".
+_NAMES = {
+    _DEFAULT: "default",
+    _LLAMA3: "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2",
+    PreTokenizer((LLAMA3,)): "dbrx smaug-bpe",
+    _SMOLLM: "smollm starcoder refact command-r codeshell exaone minerva-7b mellum2",
+    _GPT2: "gpt2 gpt-2 phi-2 gigachat a.x-4.0 mellum mpt olmo jais trillion granite-docling exaone4",
+    _QWEN2: "qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open",
+}
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    "default": _DEFAULT,
-    **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _LLAMA3
-    ),
-    **dict.fromkeys(("dbrx", "smaug-bpe"), PreTokenizer((LLAMA3,))),
-    **dict.fromkeys(
-        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"),
-        _SMOLLM,
-    ),
-    **dict.fromkeys(
-        ("gpt2", "gpt-2", "phi-2", "gigachat", "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion",
-         "granite-docling", "exaone4"),
-        _GPT2,
-    ),  # fmt: skip
-    **dict.fromkeys(
-        ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"),
-        _QWEN2,
-    ),
+    name: pre for pre, names in _NAMES.items() for name in names.split()
 }
 
 

@@ -17,8 +17,9 @@ vocabulary; it can only come out when a character is neither a token nor byte-en
 fragment goes through `merge_reference`, a direct port of llama.cpp's loop.
 
 The model proto is serialised by hand (five fields; no protobuf dependency). For Gemma's 262,144 tokens
-that takes a noticeable fraction of start-up, so it is cached under $XDG_CACHE_HOME/llamacy (or
-~/.cache/llamacy), keyed by the caller's identity of the file.
+that takes a noticeable fraction of start-up, so large vocabularies' protos are cached in
+$XDG_CACHE_HOME/llamacy/tokenizers (or ~/.cache/llamacy/tokenizers), keyed by the caller's identity of
+the file. Small ones build in milliseconds and are not cached (tests write many tiny models).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from pathlib import Path
 import numpy as np
 import sentencepiece
 
+from llamacy.catalog import cache_dir
 from llamacy.tokenizer.vocab import TokenType, Vocab
 
 log = logging.getLogger("llamacy")
 
 _CACHE_VERSION = "spm-proto-1"  # bump when the proto layout below changes
+_CACHE_MIN_VOCAB = 32768  # below this, building is cheaper than a cache file is worth
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 # Protobuf wire-format tags of the fields we write (sentencepiece_model.proto).
@@ -143,9 +146,9 @@ def model_proto(vocab: Vocab, byte_ids: dict[int, int] | None) -> bytes:
     )
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "llamacy"
+def cache_path(cache_key: str, n_vocab: int) -> Path:
+    digest = hashlib.sha256(f"{_CACHE_VERSION}\0{cache_key}\0{n_vocab}".encode()).hexdigest()
+    return cache_dir() / "tokenizers" / f"{digest[:32]}.spm"
 
 
 def load_processor(
@@ -153,9 +156,8 @@ def load_processor(
 ) -> sentencepiece.SentencePieceProcessor:
     """The sentencepiece processor for this vocabulary, from the cache when we built it before."""
     path = None
-    if cache_key is not None:
-        digest = hashlib.sha256(f"{_CACHE_VERSION}\0{cache_key}\0{vocab.n_vocab}".encode()).hexdigest()
-        path = cache_dir() / f"tokenizer-{digest[:32]}.spm"
+    if cache_key is not None and vocab.n_vocab >= _CACHE_MIN_VOCAB:
+        path = cache_path(cache_key, vocab.n_vocab)
         try:
             sp = _processor(path.read_bytes())
             if sp.get_piece_size() == vocab.n_vocab + 1 and sp.id_to_piece(0) == vocab.tokens[0]:

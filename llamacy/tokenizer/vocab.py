@@ -115,7 +115,7 @@ class Vocab:
     @cached_property
     def token_to_id(self) -> dict[str, int]:
         """text -> id for the whole vocabulary (built on first use: ~20-70 ms for 262k tokens)."""
-        table = dict(zip(self.tokens, range(len(self.tokens))))
+        table = dict(zip(self.tokens, range(len(self.tokens)), strict=True))
         if len(table) != len(self.tokens):
             seen: set[str] = set()
             dup = next(t for t in self.tokens if t in seen or seen.add(t))

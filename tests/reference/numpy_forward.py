@@ -202,9 +202,14 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(
-    x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, freq_scale: float, mode: str,
+    x: np.ndarray,
+    pos: np.ndarray,
+    n_rot: int,
+    base: float,
+    freq_scale: float,
+    mode: str,
     freq_factors: np.ndarray | None = None,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Rotary embedding of x [n_tokens, n_heads, head_dim] at positions pos [n_tokens] (ggml_rope_ext with
     ext_factor 0, attn_factor 1: θ_i = freq_scale · pos · base^(-2i/n_rot) / freq_factors[i])."""
     half = n_rot // 2

@@ -16,9 +16,23 @@ from typing import Any
 import numpy as np
 
 FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M",
-    18: "Q6_K", 32: "BF16",
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
 }
 
 
@@ -63,7 +77,9 @@ def cpu_name() -> str:
 
 def model_type(llm: Any) -> str:
     md = llm.metadata
-    label = md.get("general.size_label") or f"{sum(t.n_elements for t in llm.gguf.tensors.values()) / 1e6:.0f}M"
+    label = (
+        md.get("general.size_label") or f"{sum(t.n_elements for t in llm.gguf.tensors.values()) / 1e6:.0f}M"
+    )
     ftype = FILE_TYPES.get(md.get("general.file_type", -1), "?")
     return f"{llm.config.arch} {label} {ftype}"
 

@@ -114,8 +114,9 @@ class Llama:
         return self.config.n_vocab
 
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_bos=self.tokenizer.add_bos if add_bos is None else add_bos,
-                                     special=special)
+        return self.tokenizer.encode(
+            text, add_bos=self.tokenizer.add_bos if add_bos is None else add_bos, special=special
+        )
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -209,7 +210,9 @@ class Llama:
             if stops.stopped:
                 done.finish_reason = "stop"
                 break
-            if self.model.kv.length(0) >= self.n_ctx or (max_tokens is not None and st.gen_tokens >= max_tokens):
+            if self.model.kv.length(0) >= self.n_ctx or (
+                max_tokens is not None and st.gen_tokens >= max_tokens
+            ):
                 done.finish_reason = "length"
                 break
             logits = self.model.eval([tok], logits="last")
@@ -226,7 +229,9 @@ class Llama:
             st.profile["detokenizing"] = t_detok
             st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any) -> Iterator[str]:
+    def generate(
+        self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any
+    ) -> Iterator[str]:
         """Yield text pieces as they are generated (see generate_tokens for the options)."""
         for _, piece in self.generate_tokens(prompt, max_tokens, **kwargs):
             if piece:
@@ -254,8 +259,14 @@ class Llama:
         """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True."""
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         kwargs = dict(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            seed=seed,
         )
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -264,11 +275,15 @@ class Llama:
 
         def chunk(text: str, finish: str | None) -> dict:
             return {
-                "id": cid, "object": "text_completion", "created": created, "model": model,
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
             }
 
         if stream:
+
             def chunks() -> Iterator[dict]:
                 if echo:
                     yield chunk(prompt, None)
@@ -276,6 +291,7 @@ class Llama:
                     if piece:
                         yield chunk(piece, None)
                 yield chunk("", self.last.finish_reason)
+
             return chunks()
         for _ in gen:
             pass

@@ -52,7 +52,9 @@ def perplexity(
     if max_chunks is not None:
         n_chunks = min(n_chunks, max_chunks)
     if n_chunks < 1 or len(tokens) < 2 * n_ctx:
-        raise UsageError(f"the text has {len(tokens)} tokens; perplexity with -c {n_ctx} needs at least {2 * n_ctx}")
+        raise UsageError(
+            f"the text has {len(tokens)} tokens; perplexity with -c {n_ctx} needs at least {2 * n_ctx}"
+        )
     first = n_ctx // 2
     nll = nll2 = 0.0
     count = 0

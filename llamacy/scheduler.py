@@ -47,6 +47,7 @@ log = logging.getLogger("llamacy.scheduler")
 
 DEFAULT_PREFILL_CHUNK = 64
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+_SOLO_PREFILL_CHUNK = 256  # the Model's default micro-batch
 _RATE_WINDOW_S = 10.0  # generation tokens/s is measured over this trailing window
 
 
@@ -294,7 +295,7 @@ class Scheduler:
             llm.gguf, n_ctx=self.n_ctx, n_threads=self.n_threads, n_seq=n_parallel, cfg=llm.config
         )
         # When nothing is decoding there is nobody to stall: prefill in the Model's full micro-batches.
-        self._solo_chunk = max(prefill_chunk, self.model.forward.ubatch_size())
+        self._solo_chunk = max(prefill_chunk, _SOLO_PREFILL_CHUNK)
 
         self._cond = threading.Condition()
         self._pending: deque[Handle] = deque()  # guarded by _cond

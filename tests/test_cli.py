@@ -145,8 +145,23 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     prompt.write_text("a b " * 20000)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen(
-        [sys.executable, "-m", "llamacy", "run", "-f", str(prompt), "-m", str(path), "-c", "65536", "-t", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        [
+            sys.executable,
+            "-m",
+            "llamacy",
+            "run",
+            "-f",
+            str(prompt),
+            "-m",
+            str(path),
+            "-c",
+            "65536",
+            "-t",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     time.sleep(4)
     assert p.poll() is None, p.stderr.read()

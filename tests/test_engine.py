@@ -27,9 +27,18 @@ def test_greedy_generation_follows_argmax_of_logits(tiny):
 
 
 def test_seed_reproduces_and_differs(tiny):
-    a = [t for t, _ in tiny.generate_tokens([1, 2, 3], max_tokens=12, temperature=1.0, seed=7, top_k=0, min_p=0)]
-    b = [t for t, _ in tiny.generate_tokens([1, 2, 3], max_tokens=12, temperature=1.0, seed=7, top_k=0, min_p=0)]
-    c = [t for t, _ in tiny.generate_tokens([1, 2, 3], max_tokens=12, temperature=1.0, seed=8, top_k=0, min_p=0)]
+    a = [
+        t
+        for t, _ in tiny.generate_tokens([1, 2, 3], max_tokens=12, temperature=1.0, seed=7, top_k=0, min_p=0)
+    ]
+    b = [
+        t
+        for t, _ in tiny.generate_tokens([1, 2, 3], max_tokens=12, temperature=1.0, seed=7, top_k=0, min_p=0)
+    ]
+    c = [
+        t
+        for t, _ in tiny.generate_tokens([1, 2, 3], max_tokens=12, temperature=1.0, seed=8, top_k=0, min_p=0)
+    ]
     assert a == b
     assert a != c
 

@@ -165,13 +165,23 @@ def test_eval_rejects_bad_input(tiny_model):
     llm = Llama(path, n_threads=1, n_ctx=16)
     with pytest.raises(ValueError):
         llm.model.forward.eval(
-            np.array([10**6], np.int32), np.array([0], np.int32), np.array([0], np.int32),
-            llm.model.kv.k, llm.model.kv.v, np.array([0], np.int32),
-            np.empty((1, llm.n_vocab), np.float32), 1,
+            np.array([10**6], np.int32),
+            np.array([0], np.int32),
+            np.array([0], np.int32),
+            llm.model.kv.k,
+            llm.model.kv.v,
+            np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32),
+            1,
         )
     with pytest.raises(ValueError):  # position past the context
         llm.model.forward.eval(
-            np.array([1], np.int32), np.array([16], np.int32), np.array([0], np.int32),
-            llm.model.kv.k, llm.model.kv.v, np.array([0], np.int32),
-            np.empty((1, llm.n_vocab), np.float32), 1,
+            np.array([1], np.int32),
+            np.array([16], np.int32),
+            np.array([0], np.int32),
+            llm.model.kv.k,
+            llm.model.kv.v,
+            np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32),
+            1,
         )

@@ -51,7 +51,9 @@ def test_attention_matches_numpy(softcap):
     p = np.exp(s - s.max())
     p /= p.sum()
     want = p @ V[first : last + 1]
-    np.testing.assert_allclose(ops.py_attend(q, K, V, first, last, scale, softcap), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ops.py_attend(q, K, V, first, last, scale, softcap), want, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_attention_rejects_bad_range():

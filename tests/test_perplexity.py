@@ -59,7 +59,9 @@ def test_cli_prints_final_estimate(tiny_model, tmp_path):
     f.write_text(TEXT)
     r = subprocess.run(
         [sys.executable, "-m", "llamacy", "perplexity", "-m", str(path), "-f", str(f), "-c", "32", "-t", "1"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()

@@ -900,6 +900,14 @@ def test_spm_proto_cache(gemma_md: dict, monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert files[0].stat().st_size > 1000
 
 
+def test_spm_duplicate_tokens_are_refused(tiny_spm) -> None:
+    _, md = tiny_spm
+    tokens = list(md["tokenizer.ggml.tokens"])
+    tokens[-1] = tokens[-2]
+    with pytest.raises(UnsupportedModelError, match="already defined"):
+        Tokenizer.from_metadata({**md, "tokenizer.ggml.tokens": tokens})
+
+
 def test_small_vocabularies_are_not_cached(tiny_spm, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     Tokenizer.from_metadata(tiny_spm[1], cache_key="tiny:1")

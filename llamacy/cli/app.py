@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from llamacy.cli import bench as bench_cmd
+from llamacy.cli import chat as chat_cmd
 from llamacy.cli import info as info_cmd
 from llamacy.cli import perplexity as perplexity_cmd
 from llamacy.cli import run as run_cmd
@@ -29,12 +30,15 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version."
+    ),
 ) -> None:
     """Fast CPU inference for GGUF language models."""
 
 
 app.command("run", help="Complete a prompt and print the completion.")(run_cmd.run)
+app.command("chat", help="Chat with a model in the terminal (or answer input lines in a pipe).")(chat_cmd.chat)
 app.command("info", help="Describe a model file: architecture, size, quant mix, memory needs.")(info_cmd.info)
 app.command("bench", help="Measure prompt processing (pp) and generation (tg) speed.")(bench_cmd.bench)
 app.command("perplexity", help="Perplexity of a model on a text file (the reference tool's method).")(

@@ -20,10 +20,14 @@ def _ints(text: str, name: str, minimum: int) -> list[int]:
 
 
 def bench(
-    model: list[str] = typer.Option(None, "--model", "-m", help="Model path or name; repeat or comma-separate."),
+    model: list[str] = typer.Option(
+        None, "--model", "-m", help="Model path or name; repeat or comma-separate."
+    ),
     n_prompt: str = typer.Option("512", "--n-prompt", "-p", help="Prompt sizes for pp tests (comma list)."),
     n_gen: str = typer.Option("128", "--n-gen", "-n", help="Generation lengths for tg tests (comma list)."),
-    threads: str = typer.Option(None, "--threads", "-t", help="Thread counts (comma list; default: all cores)."),
+    threads: str = typer.Option(
+        None, "--threads", "-t", help="Thread counts (comma list; default: all cores)."
+    ),
     repetitions: int = typer.Option(5, "--repetitions", "-r", help="Runs per test after one warm-up."),
     output: str = typer.Option("md", "--output", "-o", help="md, json or csv."),
 ) -> None:
@@ -51,11 +55,15 @@ def bench(
             for p in prompts:
                 results.append(run_test(llm, p, 0, repetitions))
                 if output == "md":
-                    typer.echo(markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results))
+                    typer.echo(
+                        markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results)
+                    )
             for g in gens:
                 results.append(run_test(llm, 0, g, repetitions))
                 if output == "md":
-                    typer.echo(markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results))
+                    typer.echo(
+                        markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results)
+                    )
     if output == "json":
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
     elif output == "csv":

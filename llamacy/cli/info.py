@@ -79,13 +79,19 @@ def info(
         ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
         ("file size", _size(d["file_size"])),
         ("tensor types", mix),
-        ("shape", f"{d['layers']} layers, {d['embedding']} wide, {d['heads']} heads ({d['kv_heads']} KV) "
-                  f"of {d['head_dim']}, feed-forward {d['feed_forward']}"),
+        (
+            "shape",
+            f"{d['layers']} layers, {d['embedding']} wide, {d['heads']} heads ({d['kv_heads']} KV) "
+            f"of {d['head_dim']}, feed-forward {d['feed_forward']}",
+        ),
         ("context length", str(d["context_length"])),
         ("vocabulary", f"{d['vocab_size']} tokens, {d['tokenizer']} (pre: {d['tokenizer_pre']})"),
         ("chat template", "yes" if d["chat_template"] else "no (a built-in one is chosen)"),
-        ("memory", f"{_size(d['memory']['total'])} at --ctx-size {d['ctx_size']} "
-                   f"(weights {_size(d['memory']['weights'])} + KV cache {_size(d['memory']['kv_cache'])})"),
+        (
+            "memory",
+            f"{_size(d['memory']['total'])} at --ctx-size {d['ctx_size']} "
+            f"(weights {_size(d['memory']['weights'])} + KV cache {_size(d['memory']['kv_cache'])})",
+        ),
     ]
     for k, v in rows:
         t.add_row(k, v)

@@ -6,7 +6,9 @@ from typing import Any
 
 import typer
 
-MODEL = typer.Option(None, "--model", "-m", help="A GGUF file, or a known model name (default: smollm2-135m).")
+MODEL = typer.Option(
+    None, "--model", "-m", help="A GGUF file, or a known model name (default: smollm2-135m)."
+)
 THREADS = typer.Option(None, "--threads", "-t", help="Threads for the math (default: all available cores).")
 CTX = typer.Option(None, "--ctx-size", "-c", help="Context size in tokens (default: min(model's, 4096)).")
 TEMP = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy.")

@@ -36,7 +36,9 @@ def run(
     prompt: str = typer.Argument(None, help="The prompt; '-' reads it from stdin."),
     file: Path = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
     model: str = opt.MODEL,
-    predict: int = typer.Option(256, "--predict", "-n", help="Tokens to generate; -1 = until the model stops."),
+    predict: int = typer.Option(
+        256, "--predict", "-n", help="Tokens to generate; -1 = until the model stops."
+    ),
     ctx_size: int = opt.CTX,
     threads: int = opt.THREADS,
     temp: float = opt.TEMP,
@@ -49,8 +51,9 @@ def run(
     frequency_penalty: float = opt.FREQUENCY,
     seed: int = opt.SEED,
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not printed); repeatable."),
-    echo: bool = typer.Option(None, "--echo/--no-echo", help="Print the prompt before the completion "
-                              "(default: on a terminal only)."),
+    echo: bool = typer.Option(
+        None, "--echo/--no-echo", help="Print the prompt before the completion (default: on a terminal only)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
     profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
 ) -> None:

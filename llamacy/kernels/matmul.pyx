@@ -49,6 +49,26 @@ ctypedef fused lblock:
     block_q5_1
     block_q8_0
 
+ctypedef fused kblock:
+    block_q2_K
+    block_q3_K
+    block_q4_K
+    block_q5_K
+    block_q6_K
+
+# Every quantized weight type (the legacy 32-value ones and the K-quants): the group drivers are shared.
+ctypedef fused qblock:
+    block_q4_0
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+    block_q2_K
+    block_q3_K
+    block_q4_K
+    block_q5_K
+    block_q6_K
+
 ctypedef fused fblock:
     float
     block_f16
@@ -218,6 +238,153 @@ cdef float vd_bf16_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexc
     return s
 
 
+# --- K-quants against ACT_Q8K: integer sums per super-block, two float multiplies per super-block.
+
+
+cdef inline void scale_min_k4(int j, const uint8_t* q, int32_t* sc, int32_t* m) noexcept nogil:
+    # Q4_K/Q5_K: 8 6-bit scales and 8 6-bit mins packed in 12 bytes
+    if j < 4:
+        sc[0] = q[j] & 63
+        m[0] = q[j + 4] & 63
+    else:
+        sc[0] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)
+        m[0] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+
+
+cdef inline int32_t q3k_scale(const uint8_t* packed, int i) noexcept nogil:
+    # Q3_K: 16 6-bit scales, low 4 bits in bytes 0..7 (nibble i // 8), high 2 bits in bytes 8..11; offset 32
+    return (((packed[i % 8] >> (4 * (i // 8))) & 0xF) | (((packed[8 + i % 4] >> (2 * (i // 4))) & 3) << 4)) - 32
+
+
+cdef float vd_q2_K_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q2_K* w = <const block_q2_K*>vw
+    cdef const block_q8k* x = <const block_q8k*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, summ, dot
+    cdef Py_ssize_t i, n, k, h, l, g
+    cdef const uint8_t* q
+    for i in range(cols // QK_K):
+        isum = 0
+        summ = 0
+        for n in range(2):  # 128 values from 32 bytes: 2-bit fields at shifts 0, 2, 4, 6
+            q = w[i].qs + 32 * n
+            for k in range(4):
+                for h in range(2):  # two groups of 16 per field
+                    g = 8 * n + 2 * k + h
+                    dot = 0
+                    for l in range(16 * h, 16 * h + 16):
+                        dot += ((q[l] >> (2 * k)) & 3) * x[i].qs[128 * n + 32 * k + l]
+                    isum += (w[i].scales[g] & 0xF) * dot
+                    summ += (w[i].scales[g] >> 4) * x[i].bsums[g]
+        sumf += x[i].d * (fp16(w[i].d) * <float>isum - fp16(w[i].dmin) * <float>summ)
+    return sumf
+
+
+cdef float vd_q3_K_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q3_K* w = <const block_q3_K*>vw
+    cdef const block_q8k* x = <const block_q8k*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, dot
+    cdef Py_ssize_t i, n, k, h, l, g
+    cdef const uint8_t* q
+    cdef uint8_t m
+    for i in range(cols // QK_K):
+        isum = 0
+        for n in range(2):
+            q = w[i].qs + 32 * n
+            for k in range(4):
+                m = 1 << (4 * n + k)
+                for h in range(2):
+                    g = 8 * n + 2 * k + h
+                    dot = 0
+                    for l in range(16 * h, 16 * h + 16):
+                        # 2 low bits, minus 4 where the high bit (hmask) is clear
+                        dot += (((q[l] >> (2 * k)) & 3) - (0 if w[i].hmask[l] & m else 4)) \
+                            * x[i].qs[128 * n + 32 * k + l]
+                    isum += q3k_scale(w[i].scales, g) * dot
+        sumf += x[i].d * (fp16(w[i].d) * <float>isum)
+    return sumf
+
+
+cdef float vd_q4_K_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q4_K* w = <const block_q4_K*>vw
+    cdef const block_q8k* x = <const block_q8k*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, summ, dlo, dhi, sc0, m0, sc1, m1
+    cdef Py_ssize_t i, j, l
+    for i in range(cols // QK_K):
+        isum = 0
+        summ = 0
+        for j in range(4):  # 32 bytes = 64 values: low nibbles sub-block 2j, high nibbles 2j+1
+            scale_min_k4(2 * j, w[i].scales, &sc0, &m0)
+            scale_min_k4(2 * j + 1, w[i].scales, &sc1, &m1)
+            dlo = 0
+            dhi = 0
+            for l in range(32):
+                dlo += (w[i].qs[32 * j + l] & 0xF) * x[i].qs[64 * j + l]
+                dhi += (w[i].qs[32 * j + l] >> 4) * x[i].qs[64 * j + 32 + l]
+            isum += sc0 * dlo + sc1 * dhi
+            summ += m0 * (x[i].bsums[4 * j] + x[i].bsums[4 * j + 1]) \
+                + m1 * (x[i].bsums[4 * j + 2] + x[i].bsums[4 * j + 3])
+        sumf += x[i].d * (fp16(w[i].d) * <float>isum - fp16(w[i].dmin) * <float>summ)
+    return sumf
+
+
+cdef float vd_q5_K_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q5_K* w = <const block_q5_K*>vw
+    cdef const block_q8k* x = <const block_q8k*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, summ, dlo, dhi, sc0, m0, sc1, m1
+    cdef Py_ssize_t i, j, l
+    for i in range(cols // QK_K):
+        isum = 0
+        summ = 0
+        for j in range(4):
+            scale_min_k4(2 * j, w[i].scales, &sc0, &m0)
+            scale_min_k4(2 * j + 1, w[i].scales, &sc1, &m1)
+            dlo = 0
+            dhi = 0
+            for l in range(32):  # the 5th bit of value l of sub-block s is bit s of qh[l]
+                dlo += ((w[i].qs[32 * j + l] & 0xF) | (((w[i].qh[l] >> (2 * j)) & 1) << 4)) \
+                    * x[i].qs[64 * j + l]
+                dhi += ((w[i].qs[32 * j + l] >> 4) | (((w[i].qh[l] >> (2 * j + 1)) & 1) << 4)) \
+                    * x[i].qs[64 * j + 32 + l]
+            isum += sc0 * dlo + sc1 * dhi
+            summ += m0 * (x[i].bsums[4 * j] + x[i].bsums[4 * j + 1]) \
+                + m1 * (x[i].bsums[4 * j + 2] + x[i].bsums[4 * j + 3])
+        sumf += x[i].d * (fp16(w[i].d) * <float>isum - fp16(w[i].dmin) * <float>summ)
+    return sumf
+
+
+cdef float vd_q6_K_scalar(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
+    cdef const block_q6_K* w = <const block_q6_K*>vw
+    cdef const block_q8k* x = <const block_q8k*>vx
+    cdef float sumf = 0.0
+    cdef int32_t isum, q1, q2, q3, q4
+    cdef Py_ssize_t i, n, l, g
+    cdef const uint8_t* ql
+    cdef const uint8_t* qh
+    cdef const int8_t* sc
+    cdef const int8_t* y
+    for i in range(cols // QK_K):
+        isum = 0
+        for n in range(2):  # halves of 128 values
+            ql = w[i].ql + 64 * n
+            qh = w[i].qh + 32 * n
+            sc = w[i].scales + 8 * n
+            y = x[i].qs + 128 * n
+            for l in range(32):
+                g = l // 16
+                q1 = <int32_t>((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32
+                q2 = <int32_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32
+                q3 = <int32_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32
+                q4 = <int32_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32
+                isum += sc[g] * q1 * y[l] + sc[g + 2] * q2 * y[l + 32] \
+                    + sc[g + 4] * q3 * y[l + 64] + sc[g + 6] * q4 * y[l + 96]
+        sumf += x[i].d * (fp16(w[i].d) * <float>isum)
+    return sumf
+
+
 ctypedef float (*vd_fn)(const void* w, const void* x, Py_ssize_t cols) noexcept nogil
 
 
@@ -232,6 +399,16 @@ cdef vd_fn scalar_kernel(int wtype) noexcept nogil:
         return vd_q5_1_scalar
     if wtype == T_Q8_0:
         return vd_q8_0_scalar
+    if wtype == T_Q2_K:
+        return vd_q2_K_scalar
+    if wtype == T_Q3_K:
+        return vd_q3_K_scalar
+    if wtype == T_Q4_K:
+        return vd_q4_K_scalar
+    if wtype == T_Q5_K:
+        return vd_q5_K_scalar
+    if wtype == T_Q6_K:
+        return vd_q6_K_scalar
     if wtype == T_F32:
         return vd_f32_scalar
     if wtype == T_F16:
@@ -395,68 +572,242 @@ cdef void tile_lg(const lblock* w, const tshape* shape, const block_q8a* y, Py_s
             out[t * ldo + r] = hsum8(acc[r][t]) + moff[r][t]
 
 
+# =========================================================================================================
+# SIMD kernels for the K-quants against ACT_Q8K.
+#
+# Each weight super-block (256 values) is unpacked once into a canonical form, kunpacked, and that is
+# dotted with the tile's tokens:
+#   value_j = d * sc_g * u_j - doff * off_g       (g = j // 16, u_j unsigned bytes, sc_g and off_g ints)
+# so that  dot = d_y * (d * sum_g sc_g * sum_{j in g} u_j q_j  -  doff * sum_g off_g * bsum_g),
+# both sums exact in int32 (maddubs u x q, madd with the per-group scales; madd off x bsums).
+#   Q2_K: u = 2-bit q, sc = 4-bit scale, off = 4-bit min, doff = dmin
+#   Q3_K: u = 3-bit q + 4, sc = 6-bit scale - 32, off = 4 * sc, doff = d
+#   Q4_K: u = 4-bit q, sc/off = 6-bit scale/min of the 32-value sub-block, doff = dmin
+#   Q5_K: u = 5-bit q, as Q4_K
+#   Q6_K: u = 6-bit q + 32, sc = int8 scale, off = 32 * sc, doff = d
+# Where doff == d (Q3_K, Q6_K) the offset is taken off in integers.
+
+ctypedef struct kunpacked:
+    uint8_t u[256]
+    int16_t scx[128]   # per 32-value step j: sc of group 2j in int16 lanes 0..7, of group 2j+1 in 8..15
+    int16_t sc[16]
+    int16_t off[16]
+    float d
+    float doff
+
+
+# Move bit `frm` of every byte to bit `to` (16-bit shifts: the bits that cross bytes are masked off later).
+cdef inline __m256i move_bit(__m256i v, int frm, int to) noexcept nogil:
+    if frm > to:
+        return _mm256_srli_epi16(v, frm - to)
+    elif frm < to:
+        return _mm256_slli_epi16(v, to - frm)
+    return v
+
+
+# scx from sc: step j's vector is sc[2j] x 8, sc[2j+1] x 8 (one broadcast, one in-lane byte shuffle).
+cdef inline void expand_scales(kunpacked* k) noexcept nogil:
+    cdef __m256i mask = _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
+                                          0x0100010001000100, 0x0100010001000100)
+    cdef int j
+    cdef uint32_t pair
+    for j in range(8):
+        memcpy(&pair, &k.sc[2 * j], 4)
+        _mm256_storeu_si256(<__m256i*>&k.scx[16 * j],
+                            _mm256_shuffle_epi8(_mm256_set1_epi32(<int>pair), mask))
+
+
+cdef inline void unpack_k(const kblock* b, kunpacked* k) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i v, hb, a, c
+    cdef int j, n, i
+    cdef int32_t sc, mn
+    if kblock is block_q2_K:
+        for n in range(2):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
+            for j in range(4):
+                _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 32 * j),
+                                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)))
+        for i in range(16):
+            k.sc[i] = b.scales[i] & 0xF
+            k.off[i] = b.scales[i] >> 4
+        k.d = fp16(b.d)
+        k.doff = fp16(b.dmin)
+    elif kblock is block_q3_K:
+        hb = _mm256_loadu_si256(<const __m256i*>b.hmask)
+        for n in range(2):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
+            for j in range(4):
+                _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 32 * j), _mm256_or_si256(
+                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)),
+                    _mm256_and_si256(move_bit(hb, 4 * n + j, 2), _mm256_set1_epi8(4))))
+        for i in range(16):
+            k.sc[i] = <int16_t>q3k_scale(b.scales, i)
+            k.off[i] = <int16_t>(4 * k.sc[i])
+        k.d = fp16(b.d)
+        k.doff = k.d
+    elif kblock is block_q4_K or kblock is block_q5_K:
+        if kblock is block_q5_K:
+            hb = _mm256_loadu_si256(<const __m256i*>b.qh)
+        for j in range(4):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
+            a = _mm256_and_si256(v, m4)
+            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
+            if kblock is block_q5_K:
+                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
+                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
+            _mm256_storeu_si256(<__m256i*>(k.u + 64 * j), a)
+            _mm256_storeu_si256(<__m256i*>(k.u + 64 * j + 32), c)
+        for i in range(8):
+            scale_min_k4(i, b.scales, &sc, &mn)
+            k.sc[2 * i] = <int16_t>sc
+            k.sc[2 * i + 1] = <int16_t>sc
+            k.off[2 * i] = <int16_t>mn
+            k.off[2 * i + 1] = <int16_t>mn
+        k.d = fp16(b.d)
+        k.doff = fp16(b.dmin)
+    elif kblock is block_q6_K:
+        for n in range(2):
+            a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
+            c = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n + 32))
+            hb = _mm256_loadu_si256(<const __m256i*>(b.qh + 32 * n))
+            _mm256_storeu_si256(<__m256i*>(k.u + 128 * n), _mm256_or_si256(
+                _mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30))))
+            _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 32), _mm256_or_si256(
+                _mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
+            _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 64), _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, _mm256_set1_epi8(0x30))))
+            _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 96), _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
+        for i in range(16):
+            k.sc[i] = b.scales[i]
+            k.off[i] = <int16_t>(32 * b.scales[i])
+        k.d = fp16(b.d)
+        k.doff = k.d
+    expand_scales(k)
+
+
+# acc += the dot of one unpacked super-block with one Q8_K block (8 float lanes, summed at the end).
+cdef inline __m256 kdot(const kunpacked* k, const block_q8k* y, __m256 acc, bint same_d) noexcept nogil:
+    cdef __m256i sumi = _mm256_setzero_si256()
+    cdef __m256i p, o
+    cdef int j
+    for j in range(8):
+        p = _mm256_maddubs_epi16(_mm256_loadu_si256(<const __m256i*>(k.u + 32 * j)),
+                                 _mm256_loadu_si256(<const __m256i*>(y.qs + 32 * j)))
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_loadu_si256(<const __m256i*>&k.scx[16 * j])))
+    o = _mm256_madd_epi16(_mm256_loadu_si256(<const __m256i*>k.off), _mm256_loadu_si256(<const __m256i*>y.bsums))
+    if same_d:
+        return _mm256_fmadd_ps(_mm256_set1_ps(k.d * y.d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, o)), acc)
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(k.d * y.d), _mm256_cvtepi32_ps(sumi), acc)
+    return _mm256_fnmadd_ps(_mm256_set1_ps(k.doff * y.d), _mm256_cvtepi32_ps(o), acc)
+
+
+cdef void tile_k(const kblock* w, const tshape* shape, const block_q8k* y, Py_ssize_t nb,
+                 float* out, Py_ssize_t ldo) noexcept nogil:
+    cdef int R = shape_rows(shape)
+    cdef int T = shape_toks(shape)
+    cdef bint same_d = kblock is block_q3_K or kblock is block_q6_K
+    cdef kunpacked up[MAXR]
+    cdef __m256 acc[MAXR][MAXT]
+    cdef const char* pf = <const char*>(w + PF_TILES * R * nb)
+    cdef Py_ssize_t pfstep = R * sizeof(kblock)
+    cdef Py_ssize_t b, k
+    cdef int r, t
+    for r in range(R):
+        for t in range(T):
+            acc[r][t] = _mm256_setzero_ps()
+    for b in range(nb):
+        if T == 1:  # decode: prefetch the weights PF_TILES tiles ahead (see tile_lg)
+            for k in range(0, pfstep, 64):
+                lc_prefetch(pf + b * pfstep + k)
+        for r in range(R):
+            unpack_k(w + r * nb + b, &up[r])
+        for t in range(T):
+            for r in range(R):
+                acc[r][t] = kdot(&up[r], y + t * nb + b, acc[r][t], same_d)
+    for r in range(R):
+        for t in range(T):
+            out[t * ldo + r] = hsum8(acc[r][t])
+
+
+# =========================================================================================================
+# Drivers shared by all quantized types: tiles over rows and tokens, parallel over groups of rows.
+
+
+# One tile of any quantized type; X is the activation matrix, t0 the tile's first token.
+cdef inline void tile_q(const qblock* w, const tshape* shape, const void* X, Py_ssize_t t0,
+                        Py_ssize_t nb, float* out, Py_ssize_t ldo) noexcept nogil:
+    if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
+            or qblock is block_q6_K:
+        tile_k(w, shape, <const block_q8k*>X + t0 * nb, nb, out, ldo)
+    else:
+        tile_lg(w, shape, <const block_q8a*>X + t0 * nb, nb, out, ldo)
+
+
 # Decode: rows [g*DR, g*DR + DR) against one token.
-cdef inline void lg_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
-                                 float* Y, Py_ssize_t g) noexcept nogil:
+cdef inline void q_decode_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X,
+                                float* Y, Py_ssize_t g) noexcept nogil:
     cdef Py_ssize_t r = g * DR
     if r + DR <= rows:
-        tile_lg(W + r * nb, <const shape_dec*>NULL, X, nb, Y + r, 1)
+        tile_q(W + r * nb, <const shape_dec*>NULL, X, 0, nb, Y + r, 1)
     else:
         while r < rows:
-            tile_lg(W + r * nb, <const shape_11*>NULL, X, nb, Y + r, 1)
+            tile_q(W + r * nb, <const shape_11*>NULL, X, 0, nb, Y + r, 1)
             r += 1
 
 
-# Prefill: rows [g*GR, g*GR + GR) against all tokens, chunk by chunk of TCH tokens.
-cdef inline void lg_prefill_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
-                                  Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
+# Prefill: rows [g*GR, g*GR + GR) against all tokens, chunk by chunk of TCH tokens, so that the group's
+# weights stay in L1 and the chunk's activations in L2.
+cdef inline void q_prefill_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X,
+                                 Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
     cdef Py_ssize_t r0 = g * GR
     cdef Py_ssize_t r1 = min(rows, r0 + GR)
-    cdef Py_ssize_t t0, t1, r, t
-    t0 = 0
+    cdef Py_ssize_t t0 = 0, t1, r, t
     while t0 < n_tok:  # (a C loop: range() with a non-literal step would be a Python loop)
         t1 = min(n_tok, t0 + TCH)
         r = r0
         while r + PR <= r1:
             t = t0
             while t + PT <= t1:
-                tile_lg(W + r * nb, <const shape_pp*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                tile_q(W + r * nb, <const shape_pp*>NULL, X, t, nb, Y + t * ldy + r, ldy)
                 t += PT
             while t < t1:
-                tile_lg(W + r * nb, <const shape_p1*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                tile_q(W + r * nb, <const shape_p1*>NULL, X, t, nb, Y + t * ldy + r, ldy)
                 t += 1
             r += PR
         while r < r1:
             t = t0
             while t + PT <= t1:
-                tile_lg(W + r * nb, <const shape_1p*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                tile_q(W + r * nb, <const shape_1p*>NULL, X, t, nb, Y + t * ldy + r, ldy)
                 t += PT
             while t < t1:
-                tile_lg(W + r * nb, <const shape_11*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+                tile_q(W + r * nb, <const shape_11*>NULL, X, t, nb, Y + t * ldy + r, ldy)
                 t += 1
             r += 1
         t0 = t1
 
 
-cdef void mm_lg(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
-                float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+cdef void mm_q(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
+               float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
     cdef Py_ssize_t g, ngroups
     if n_tok == 1:
         ngroups = (rows + DR - 1) // DR
         if nthreads <= 1:
             for g in range(ngroups):
-                lg_decode_group(W, rows, nb, X, Y, g)
+                q_decode_group(W, rows, nb, X, Y, g)
         else:
             for g in prange(ngroups, schedule="static", num_threads=nthreads):
-                lg_decode_group(W, rows, nb, X, Y, g)
+                q_decode_group(W, rows, nb, X, Y, g)
     else:
         ngroups = (rows + GR - 1) // GR
         if nthreads <= 1:
             for g in range(ngroups):
-                lg_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
+                q_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
         else:
             for g in prange(ngroups, schedule="static", num_threads=nthreads):
-                lg_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
+                q_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
 
 
 # =========================================================================================================
@@ -598,15 +949,25 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       act_row_bytes(wtype, cols), n_tok, Y, ldy, nthreads)
         return
     if wtype == T_Q4_0:
-        mm_lg(<const block_q4_0*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+        mm_q(<const block_q4_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
     elif wtype == T_Q4_1:
-        mm_lg(<const block_q4_1*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+        mm_q(<const block_q4_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
     elif wtype == T_Q5_0:
-        mm_lg(<const block_q5_0*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+        mm_q(<const block_q5_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
     elif wtype == T_Q5_1:
-        mm_lg(<const block_q5_1*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+        mm_q(<const block_q5_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
     elif wtype == T_Q8_0:
-        mm_lg(<const block_q8_0*>W, rows, nb, <const block_q8a*>xq, n_tok, Y, ldy, nthreads)
+        mm_q(<const block_q8_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q2_K:
+        mm_q(<const block_q2_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q3_K:
+        mm_q(<const block_q3_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q4_K:
+        mm_q(<const block_q4_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q5_K:
+        mm_q(<const block_q5_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
+    elif wtype == T_Q6_K:
+        mm_q(<const block_q6_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads)
     elif wtype == T_F32:
         mm_f(<const float*>W, rows, cols, <const float*>xq, n_tok, Y, ldy, nthreads)
     elif wtype == T_F16:

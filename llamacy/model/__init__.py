@@ -26,7 +26,13 @@ class Model:
     """Evaluates batches of (token, position, sequence) and keeps the K/V they produce."""
 
     def __init__(
-        self, gguf: Any, n_ctx: int, n_threads: int, n_seq: int = 1, ubatch: int = 256, cfg: ModelConfig | None = None
+        self,
+        gguf: Any,
+        n_ctx: int,
+        n_threads: int,
+        n_seq: int = 1,
+        ubatch: int = 256,
+        cfg: ModelConfig | None = None,
     ) -> None:
         from llamacy.kernels import ensure_cpu
 
@@ -61,7 +67,9 @@ class Model:
         self.kv.tokens[seq].extend(int(t) for t in tokens)
         return out if logits == "all" else out[0]
 
-    def eval_batch(self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def eval_batch(
+        self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray
+    ) -> np.ndarray:
         """Raw batched evaluation (many sequences at once); the caller keeps kv.tokens up to date."""
         out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
         self.forward.eval(

@@ -32,7 +32,9 @@ class WeightBinder:
         if t is None:
             return None
         if tuple(t.shape) != (rows, cols):
-            raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {(rows, cols)}")
+            raise UnsupportedModelError(
+                f"{self.source}: tensor {name} has shape {t.shape}, expected {(rows, cols)}"
+            )
         if t.type not in COMPUTE_TYPES:
             raise UnsupportedModelError(
                 f"{self.source}: tensor {name} has type {type_name(t.type)}, which llamacy cannot compute with yet"

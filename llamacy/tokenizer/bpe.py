@@ -24,13 +24,13 @@ scripts).
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
-
-from tokenizers import Regex, models, pre_tokenizers
-from tokenizers import Tokenizer as HFTokenizer
+from typing import TYPE_CHECKING, NamedTuple
 
 from llamacy.errors import UnsupportedModelError
 from llamacy.tokenizer.vocab import Vocab
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
 
 log = logging.getLogger("llamacy")
 
@@ -134,6 +134,9 @@ def build(vocab: Vocab, pre: PreTokenizer, merges: list[str]) -> HFTokenizer:
     would drop it first and merge its neighbours across the gap (">" + "<" -> "><"). So the unknown
     character becomes an extra token, id `vocab.n_vocab`, which the caller removes from the output.
     """
+    from tokenizers import Regex, models, pre_tokenizers  # imported here: SPM models never need it
+    from tokenizers import Tokenizer as HFTokenizer
+
     # llama.cpp splits each merge at the first space after its first character.
     joined = "\n".join(merges)
     if joined.startswith(" ") or "\n " in joined:

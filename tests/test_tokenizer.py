@@ -855,7 +855,7 @@ def test_missing_pre_uses_default_like_llama_cpp(smol_md: dict, caplog: pytest.L
     assert tok.encode("abc 123") == Tokenizer.from_metadata(with_pre(smol_md, "default")).encode("abc 123")
 
 
-def test_llama3_defaults_and_ignore_merges(smol_md: dict) -> None:
+def test_llama3_pre_tokenizers_add_bos_by_default(smol_md: dict) -> None:
     md = {k: v for k, v in with_pre(smol_md, "llama-bpe").items() if k != "tokenizer.ggml.add_bos_token"}
     assert Tokenizer.from_metadata(md).add_bos is True  # llama.cpp's default for llama3 pre-tokenizers
     assert Tokenizer.from_metadata(with_pre(smol_md, "smollm")).add_bos is False

@@ -9,6 +9,7 @@ from llamacy.cli import chat as chat_cmd
 from llamacy.cli import info as info_cmd
 from llamacy.cli import perplexity as perplexity_cmd
 from llamacy.cli import run as run_cmd
+from llamacy.cli import serve as serve_cmd
 
 app = typer.Typer(
     name="llamacy",
@@ -44,3 +45,4 @@ app.command("bench", help="Measure prompt processing (pp) and generation (tg) sp
 app.command("perplexity", help="Perplexity of a model on a text file (the reference tool's method).")(
     perplexity_cmd.perplexity
 )
+app.command("serve", help="Serve the model over HTTP: OpenAI-compatible API and job API.")(serve_cmd.serve)

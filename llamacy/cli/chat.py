@@ -421,7 +421,7 @@ def chat(
     session = ChatSession(llm, template, system=system, max_tokens=predict, **sampling)
     ui = ChatUI(session, interactive=interactive, markdown=markdown)
     if interactive:
-        ui.note(f"{llm.config.name or llm.model_path.name} · context {llm.n_ctx} tokens · {template.describe()}")
+        ui.note(f"{llm.model_path.name} · context {llm.n_ctx} tokens · {template.describe()}")
         ui.note("/help for commands · Ctrl-D to quit · end a line with \\ to write more lines")
     elif template.builtin:
         ui.note(template.describe())

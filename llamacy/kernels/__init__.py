@@ -13,9 +13,9 @@ from llamacy.kernels import cpu
 __all__ = ["CPUError", "ensure_cpu"]
 
 _MESSAGE = (
-    "This CPU lacks AVX2/FMA, which this build of llamacy needs; "
-    "reinstall with LLAMACY_PORTABLE=1 (e.g. `LLAMACY_PORTABLE=1 pip install --force-reinstall llamacy`) "
-    "for the portable build."
+    "This CPU lacks AVX2/FMA, which this build of llamacy needs; reinstall with LLAMACY_PORTABLE=1 "
+    "(for example `LLAMACY_PORTABLE=1 pip install --force-reinstall llamacy`, or `make portable` in a "
+    "source checkout) to get the portable build."
 )
 
 

@@ -849,7 +849,7 @@ cdef void tile_f(const fblock* w, const tshape* shape, const float* x, Py_ssize_
     cdef Py_ssize_t pk
     for k in range(0, k8, 8):
         if T == 1:  # decode streams the weights: prefetch PF_TILES tiles ahead (see tile_lg)
-            for pk in range(0, R * 8 * sizeof(fblock), 64):
+            for pk in range(0, R * 8 * <Py_ssize_t>sizeof(fblock), 64):
                 lc_prefetch(pf + R * k * sizeof(fblock) + pk)
         for r in range(R):
             wv[r] = load8(w + r * cols + k)
@@ -1036,10 +1036,12 @@ cdef _quantize(int wtype, x, int code):
     return xq
 
 
-def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto"):
+def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto", out=None):
     """Y[n, rows] = x[n, cols] @ W.T, W given as its raw rows uint8[rows, row_bytes] of type `wtype`.
 
     x is quantized on the fly (with the same kernel family as `impl`), as the forward pass does.
+    `out`, if given, is a C-contiguous float32[n, ldy] with ldy >= rows; Y goes to out[:, :rows] (the
+    rest of each row is left as it was) and `out` is returned.
     """
     cdef int code = _impl(impl)
     xa = _activations(x)
@@ -1047,16 +1049,24 @@ def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto"):
     Wa = _weights(W_rows, wtype, cols)
     if nthreads < 1:
         raise ValueError(f"nthreads must be >= 1, got {nthreads}")
-    xq = _quantize(wtype, xa, code)
     cdef Py_ssize_t rows = Wa.shape[0]
-    Y = np.zeros((n, rows), dtype=np.float32)
+    if out is None:
+        Y = np.zeros((n, rows), dtype=np.float32)
+    else:
+        Y = out
+        if (not isinstance(Y, np.ndarray) or Y.dtype != np.float32 or Y.ndim != 2
+                or not Y.flags.c_contiguous or not Y.flags.writeable or Y.shape[0] != n
+                or Y.shape[1] < rows):
+            raise ValueError(f"out must be a writable C-contiguous float32[{n}, >= {rows}] array")
     if rows == 0:
         return Y
+    xq = _quantize(wtype, xa, code)
     cdef const uint8_t[:, ::1] wv = Wa
     cdef const uint8_t[:, ::1] qv = xq
     cdef float[:, ::1] yv = Y
+    cdef Py_ssize_t ldy = Y.shape[1]
     with nogil:
-        matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads, code)
+        matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], ldy, nthreads, code)
     return Y
 
 

@@ -1,0 +1,190 @@
+"""The OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
+from llamacy.server import generation as gen
+from llamacy.server.app import ServerState, read_body
+from llamacy.server.errors import error_body
+from llamacy.server.schemas import ChatRequest, CompletionRequest, parse
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint; chat has none
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _failure(ev: Failed) -> tuple[int, dict]:
+    status = 503 if "shutting down" in ev.message else 500
+    return status, error_body(status, ev.message, "generation_failed")
+
+
+async def list_models(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.llamacy
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"id": state.model_name, "object": "model", "created": state.created, "owned_by": "llamacy"}],
+        }
+    )
+
+
+# ---- /v1/completions ---------------------------------------------------------------------------------
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.llamacy
+    body = parse(CompletionRequest, await read_body(request))
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a list of one prompt
+    if isinstance(prompt, str):
+        ids = await gen.encode_text(state, prompt)
+        prompt_text = prompt
+    else:
+        ids = list(prompt)
+        prompt_text = ""  # decoded below only when echoed: ids may be outside the vocabulary
+    max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    req = gen.build_request(state, body, ids, max_tokens, body.logprobs)
+    handle, events = await gen.start(state, req)
+    if body.echo and not isinstance(prompt, str):
+        prompt_text = state.tokenizer.decode(ids)
+    echo = prompt_text if body.echo else ""
+    cid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def choice(text: str, finish: str | None, lps: dict | None) -> dict:
+        return {"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}
+
+    def wrap(choices: list[dict]) -> dict:
+        return {"id": cid, "object": "text_completion", "created": created, "model": state.model_name,
+                "choices": choices}  # fmt: skip
+
+    want_lp = body.logprobs is not None
+    if body.stream:
+
+        async def stream() -> AsyncIterator[str]:
+            offset = len(echo)
+            async with gen.cancel_on_disconnect(request, handle):
+                if echo:
+                    yield _sse(wrap([choice(echo, None, None)]))
+                async for ev in events:
+                    if isinstance(ev, Piece):
+                        lps = gen.completion_logprobs(state, ev.logprobs, offset) if want_lp and ev.logprobs else None
+                        offset += len(ev.text)
+                        if ev.text or lps:
+                            yield _sse(wrap([choice(ev.text, None, lps)]))
+                    elif isinstance(ev, Done):
+                        out = wrap([choice("", gen.finish_reason(ev), None)])
+                        yield _sse({**out, "usage": gen.usage_dict(ev), "timings": ev.timings.as_dict()})
+                    else:
+                        yield _sse(_failure(ev)[1])
+                yield "data: [DONE]\n\n"
+
+        return _event_stream(stream())
+
+    lps_all: list[TokenLogprob] = []
+    async with gen.cancel_on_disconnect(request, handle):
+        final = await _collect(events, lps_all)
+    if isinstance(final, Failed):
+        status, err = _failure(final)
+        return JSONResponse(err, status_code=status)
+    lps = gen.completion_logprobs(state, lps_all, len(echo)) if want_lp else None
+    out = wrap([choice(echo + final.text, gen.finish_reason(final), lps)])
+    return JSONResponse({**out, "usage": gen.usage_dict(final), "timings": final.timings.as_dict()})
+
+
+# ---- /v1/chat/completions ----------------------------------------------------------------------------
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.llamacy
+    body = parse(ChatRequest, await read_body(request))
+    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                for m in body.messages]  # fmt: skip
+    ids = await gen.encode_chat(state, messages)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    req = gen.build_request(state, body, ids, body.token_limit(), logprobs, chat=True)
+    handle, events = await gen.start(state, req)
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def wrap(obj: str, choices: list[dict]) -> dict:
+        return {"id": cid, "object": obj, "created": created, "model": state.model_name, "choices": choices}
+
+    if body.stream:
+
+        def delta(d: dict, finish: str | None, lps: dict | None = None) -> str:
+            return _sse(wrap("chat.completion.chunk",
+                             [{"index": 0, "delta": d, "logprobs": lps, "finish_reason": finish}]))  # fmt: skip
+
+        async def stream() -> AsyncIterator[str]:
+            async with gen.cancel_on_disconnect(request, handle):
+                yield delta({"role": "assistant", "content": ""}, None)
+                async for ev in events:
+                    if isinstance(ev, Piece):
+                        lps = gen.chat_logprobs(state, ev.logprobs) if ev.logprobs else None
+                        if ev.text or lps:
+                            yield delta({"content": ev.text}, None, lps)
+                    elif isinstance(ev, Done):
+                        chunk = wrap("chat.completion.chunk",
+                                     [{"index": 0, "delta": {}, "logprobs": None,
+                                       "finish_reason": gen.finish_reason(ev)}])  # fmt: skip
+                        yield _sse({**chunk, "usage": gen.usage_dict(ev), "timings": ev.timings.as_dict()})
+                    else:
+                        yield _sse(_failure(ev)[1])
+                yield "data: [DONE]\n\n"
+
+        return _event_stream(stream())
+
+    lps_all: list[TokenLogprob] = []
+    async with gen.cancel_on_disconnect(request, handle):
+        final = await _collect(events, lps_all)
+    if isinstance(final, Failed):
+        status, err = _failure(final)
+        return JSONResponse(err, status_code=status)
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": final.text},
+        "logprobs": gen.chat_logprobs(state, lps_all) if body.logprobs else None,
+        "finish_reason": gen.finish_reason(final),
+    }
+    out = wrap("chat.completion", [choice])
+    return JSONResponse({**out, "usage": gen.usage_dict(final), "timings": final.timings.as_dict()})
+
+
+# ---- shared ------------------------------------------------------------------------------------------
+
+
+async def _collect(events: gen.EventBridge, lps: list[TokenLogprob]) -> Done | Failed:
+    async for ev in events:
+        if isinstance(ev, Piece):
+            if ev.logprobs:
+                lps.extend(ev.logprobs)
+        else:
+            return ev
+    raise AssertionError("the event stream ended without Done or Failed")
+
+
+def _event_stream(chunks: AsyncIterator[str]) -> StreamingResponse:
+    # No buffering by proxies; the client sees each token as it comes.
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+
+
+routes = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+]

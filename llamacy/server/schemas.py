@@ -1,0 +1,156 @@
+"""Request bodies, validated strictly: a wrong type is a 400 with the field's name, never a silent cast.
+
+Unknown fields are ignored (clients send many: `user`, `stream_options`, ...); fields that would change
+the answer and that we cannot honour are refused in `unsupported()` rather than ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llamacy.server.errors import APIError
+
+MAX_STOP_STRINGS = 16
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # a uuid, or any similar opaque name
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class SamplingFields(_Strict):
+    """Fields every generation endpoint takes. None = the engine's default (see llamacy.sampling)."""
+
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    ignore_eos: bool = False  # llama.cpp's extension: generate through end-of-turn tokens
+    n: int | None = None
+    logit_bias: dict[str, Any] | None = None
+
+    def unsupported(self) -> None:
+        if self.n not in (None, 1):
+            raise APIError(400, f"n={self.n} is not supported: one choice per request (n=1)", "unsupported", "n")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", "unsupported", "logit_bias")
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(SamplingFields):
+    model: str | None = None
+    # A string, a list of token ids, or either wrapped in a list of one (batches of prompts: use n requests).
+    prompt: str | list[int] | list[str] | list[list[int]]
+    stream: bool = False
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0)] | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.best_of not in (None, 1):
+            raise APIError(400, "best_of is not supported (use best_of=1)", "unsupported", "best_of")
+        if self.suffix:
+            raise APIError(400, "suffix (fill-in-the-middle) is not supported", "unsupported", "suffix")
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list):
+            if len(self.prompt) != 1:
+                raise APIError(400, "send one prompt per request (a list of prompts is not supported)",
+                               "unsupported", "prompt")  # fmt: skip
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(SamplingFields):
+    model: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    stream: bool = False
+    max_completion_tokens: Annotated[int, Field(ge=0)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.tools:
+            raise APIError(400, "tools (function calling) are not supported", "unsupported", "tools")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise APIError(400, "response_format other than text is not supported", "unsupported",
+                           "response_format")  # fmt: skip
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs requires logprobs=true", "invalid_value", "top_logprobs")
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class JobRequest(SamplingFields):
+    id: Annotated[str, Field(pattern=JOB_ID_PATTERN)] | None = None
+    prompt: str
+
+
+def parse(model: type[_Strict], body: bytes) -> Any:
+    """Validate a JSON body; APIError 400 naming the first bad field."""
+    try:
+        obj = model.model_validate_json(body)
+    except ValidationError as e:
+        raise APIError(400, describe(e), "invalid_request", _param(e)) from None
+    obj.unsupported()
+    return obj
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    # Union members appear in loc as type names ("str", "list[int]"); they mean nothing to a client.
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    return ".".join(parts)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "constrained-str"}
+
+
+def _param(e: ValidationError) -> str | None:
+    errs = e.errors()
+    return _field_path(errs[0]["loc"]) or None if errs else None
+
+
+def describe(e: ValidationError) -> str:
+    errs = e.errors()
+    if not errs:
+        return "invalid request body"
+    first = errs[0]
+    if first["type"] == "json_invalid":
+        return f"the body is not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
+    if first["type"] == "model_type" and not first["loc"]:
+        return "the body must be a JSON object"
+    path = _field_path(first["loc"])
+    if first["type"] == "missing":
+        return f"missing required field: {path}"
+    if first["type"] == "extra_forbidden":
+        return f"unknown field: {path}"
+    return f"{path}: {first['msg']}" if path else first["msg"]

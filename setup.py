@@ -23,10 +23,15 @@ ONLY = tuple(p for p in os.environ.get("LLAMACY_BUILD_ONLY", "").split(",") if p
 
 # Modules that must load on any CPU: they run before the AVX2 check can speak.
 NO_SIMD = {"llamacy.kernels.cpu"}
+# Element-wise float code (norms, SiLU/GELU, softmax, attention) may reassociate sums and call glibc's
+# vector math (libmvec expf/tanhf): that is what lets GCC vectorise it. The integer kernels stay exact.
+FAST_MATH = {"llamacy.kernels.ops"}
 
 
-def compile_args(simd: bool) -> list[str]:
+def compile_args(simd: bool, fast_math: bool = False) -> list[str]:
     args = ["-O1", "-g"] if DEBUG else ["-O3"]
+    if fast_math:
+        args += ["-ffast-math"]
     args += ["-fopenmp", "-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
     if simd and not PORTABLE:
         args += ["-mavx2", "-mfma", "-mf16c"]
@@ -46,8 +51,8 @@ def extensions() -> list[Extension]:
                 name,
                 [path],
                 include_dirs=["llamacy/kernels"],
-                extra_compile_args=compile_args(name not in NO_SIMD),
-                extra_link_args=["-fopenmp"],
+                extra_compile_args=compile_args(name not in NO_SIMD, name in FAST_MATH),
+                extra_link_args=["-fopenmp"] + (["-lmvec", "-lm"] if name in FAST_MATH else []),
                 define_macros=[
                     ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                     # Tells every module (cpu.pyx too, which is built without SIMD flags) which build this is.

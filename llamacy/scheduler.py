@@ -451,6 +451,7 @@ class Scheduler:
     def _finish_unstarted(self, handle: Handle) -> None:
         usage = Usage(handle.prompt_tokens, 0, 0)
         ms = (time.perf_counter() - handle._t_created) * 1000
+        self.finished_total["cancelled"] = self.finished_total.get("cancelled", 0) + 1
         handle._emit(Done("cancelled", "", [], usage, Timings(ms, 0, 0, ms, 0, 0), handle.seed))
 
     def _drop_cancelled(self) -> None:

@@ -30,6 +30,7 @@ def bench(
     ),
     repetitions: int = typer.Option(5, "--repetitions", "-r", help="Runs per test after one warm-up."),
     output: str = typer.Option("md", "--output", "-o", help="md, json or csv."),
+    profile: bool = typer.Option(False, "--profile", help="Per-stage time of each test on stderr."),
 ) -> None:
     from llamacy.errors import UsageError
 
@@ -49,22 +50,38 @@ def bench(
     results = []
     for m in models:
         need = max([*prompts, *gens, 1])
-        llm = Llama(m, n_ctx=need, n_threads=max(thread_counts), n_batch=max(prompts or [1]))
+        llm = Llama(m, n_ctx=need, n_threads=max(thread_counts), n_batch=max(prompts or [1]), profile=profile)
         for t in thread_counts:
             llm.n_threads = llm.model.n_threads = t
-            for p in prompts:
-                results.append(run_test(llm, p, 0, repetitions))
+            for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
+                llm.model.forward.profile_reset()
+                results.append(run_test(llm, p, g, repetitions))
                 if output == "md":
+                    # The header once, then one row per test as it finishes.
                     typer.echo(
-                        markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results)
+                        markdown(results[-1:])
+                        if len(results) == 1
+                        else markdown(results[-1:]).splitlines()[-1]
                     )
-            for g in gens:
-                results.append(run_test(llm, 0, g, repetitions))
-                if output == "md":
-                    typer.echo(
-                        markdown(results[-1:]).splitlines()[-1] if len(results) > 1 else markdown(results)
+                if profile:
+                    _print_profile(
+                        llm.model.forward.profile(), (p or g) * (repetitions + 1), results[-1].test, t
                     )
     if output == "json":
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
     elif output == "csv":
         typer.echo(csv(results), nl=False)
+
+
+def _print_profile(prof: dict[str, float], n_tokens: int, test: str, threads: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    total = sum(prof.values()) or 1e-12
+    t = Table(title=f"profile {test}, {threads} threads (warm-up included), per token")
+    t.add_column("stage")
+    t.add_column("µs / token", justify="right")
+    t.add_column("share", justify="right")
+    for name, sec in sorted(prof.items(), key=lambda kv: -kv[1]):
+        t.add_row(name, f"{sec * 1e6 / n_tokens:.1f}", f"{100 * sec / total:.1f}%")
+    Console(stderr=True, highlight=False).print(t)

@@ -62,6 +62,8 @@ def serve(
     scheduler.start()
     try:
         serve_forever(app, sock)
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown: stopping a server is a success
     finally:
         scheduler.shutdown()
         sock.close()

@@ -23,6 +23,7 @@
 
 #define LC_HAVE_SIMD 0
 
+/* Loads and stores take void pointers here: our twins memcpy, so no alignment is assumed. */
 typedef union {
     int8_t i8[32]; uint8_t u8[32]; int16_t i16[16]; uint16_t u16[16];
     int32_t i32[8]; uint32_t u32[8]; int64_t i64[4]; uint64_t u64[4];
@@ -79,9 +80,9 @@ static inline unsigned short _cvtss_sh(float f, int rounding) {
 }
 
 /* --- loads, stores, constants --- */
-LC_I256(_mm256_loadu_si256)(const __m256i* p) { __m256i r; memcpy(&r, p, 32); return r; }
-static inline void _mm256_storeu_si256(__m256i* p, __m256i a) { memcpy(p, &a, 32); }
-static inline __m128i _mm_loadu_si128(const __m128i* p) { __m128i r; memcpy(&r, p, 16); return r; }
+LC_I256(_mm256_loadu_si256)(const void* p) { __m256i r; memcpy(&r, p, 32); return r; }
+static inline void _mm256_storeu_si256(void* p, __m256i a) { memcpy(p, &a, 32); }
+static inline __m128i _mm_loadu_si128(const void* p) { __m128i r; memcpy(&r, p, 16); return r; }
 LC_I256(_mm256_setzero_si256)(void) { __m256i r; memset(&r, 0, 32); return r; }
 LC_I256(_mm256_set1_epi8)(char v) { __m256i r; memset(&r, (unsigned char)v, 32); return r; }
 LC_I256(_mm256_set1_epi16)(short v) { __m256i r; for (int i = 0; i < 16; i++) r.i16[i] = v; return r; }
@@ -172,7 +173,7 @@ static inline __m128i _mm_add_epi32(__m128i a, __m128i b) { for (int i = 0; i < 
 static inline int _mm_cvtsi128_si32(__m128i a) { return a.i32[0]; }
 static inline __m128i _mm_unpackhi_epi64(__m128i a, __m128i b) { a.i64[0] = a.i64[1]; a.i64[1] = b.i64[1]; return a; }
 static inline __m128i _mm_cvtsi32_si128(int a) { __m128i r; memset(&r, 0, 16); r.i32[0] = a; return r; }
-static inline __m128i _mm_loadl_epi64(const __m128i* p) { __m128i r; memset(&r, 0, 16); memcpy(&r, p, 8); return r; }
+static inline __m128i _mm_loadl_epi64(const void* p) { __m128i r; memset(&r, 0, 16); memcpy(&r, p, 8); return r; }
 static inline __m128i _mm_shuffle_epi32(__m128i a, int imm) {
     __m128i r; for (int i = 0; i < 4; i++) r.i32[i] = a.i32[(imm >> (2 * i)) & 3]; return r;
 }

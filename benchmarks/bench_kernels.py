@@ -5,8 +5,9 @@ repeated C loops), the weight bytes read per second (GB/s) and the arithmetic ra
 multiply-add). n_tok=1 is decode (a matvec: bandwidth-bound when the matrix is not in cache), n_tok=64
 prompt processing (tiles of rows x tokens: compute-bound).
 
-The shapes are SmolLM2-135M's: 1536x576 (ffn gate/up), 576x1536 (ffn down), 49152x576 (the tied
-embedding / lm_head, 17-30 MB: streamed from L3/DRAM). Single-threaded timings use thread CPU time, so a
+The shapes (rows x cols) are SmolLM2-135M's: 1536x576 (ffn gate/up), 576x1536 (ffn down), 49152x576 (the
+tied embedding / lm_head, 17-30 MB: streamed from L3/DRAM), and Gemma-3-270M's ffn down 640x2048; a shape
+whose row length is not a whole number of the type's blocks (576 for the 256-value K-quants) is skipped. Single-threaded timings use thread CPU time, so a
 busy shared machine slows them less than wall time would; two-thread timings are wall time.
 
     python benchmarks/bench_kernels.py                   # Q4_1 and Q8_0, threads 1 and 2, n_tok 1 and 64
@@ -18,13 +19,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 from llamacy.kernels import matmul, quant
 
-SHAPES = [(1536, 576), (576, 1536), (49152, 576)]
+SHAPES = [(1536, 576), (576, 1536), (49152, 576), (640, 2048)]
 
 
 def make_weights(t: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for t in types:
         for rows, cols in shapes:
+            if cols % GGML_QUANT_SIZES[t][0]:
+                continue
             W = make_weights(t, rows, cols, rng)
             for n in ntoks:
                 x = rng.standard_normal((n, cols)).astype(np.float32)

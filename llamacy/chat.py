@@ -147,12 +147,12 @@ class ChatSession:
     def reset(self) -> None:
         """A new conversation with the same system prompt (its cached tokens are reused)."""
         self.history = []
-        self._text = None
+        self._forget()
 
     def set_system(self, text: str | None) -> None:
         self._check_system(text)
         self.system = text or None
-        self._text = None
+        self._forget()
 
     def load_messages(self, messages: list[dict[str, str]]) -> None:
         messages = check_messages(messages)
@@ -160,7 +160,7 @@ class ChatSession:
             self._check_system(messages[0]["content"])
             self.system, messages = messages[0]["content"], messages[1:]
         self.history = messages
-        self._text = None
+        self._forget()
 
     def save(self, path: str | Path) -> None:
         try:
@@ -216,6 +216,12 @@ class ChatSession:
             return text, self._ids + new
         return text, self.template.encode(text)
 
+    def _forget(self) -> None:
+        """The conversation changed: the next prompt is tokenized in full (the engine still reuses whatever
+        prefix of it the cache holds, e.g. the system prompt)."""
+        self._ids = []
+        self._text = None
+
     def _finish(self, turn: Turn) -> None:
         """Record a turn that was generated (or interrupted) in the conversation and the cache bookkeeping."""
         self.last = turn
@@ -224,8 +230,7 @@ class ChatSession:
             self.evaluated += turn.stats.prompt_evaluated
             self.generated += turn.stats.gen_tokens
         if turn.finish_reason == "interrupted" and not turn.text:
-            # Nothing answered: forget the message; the next prompt is tokenized afresh.
-            self._text = None
+            self._forget()  # nothing answered: the message is dropped
             return
         self.history += [{"role": "user", "content": turn.user}, {"role": "assistant", "content": turn.text}]
         self._ids = turn.ids + turn.tokens

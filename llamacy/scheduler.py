@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from queue import SimpleQueue
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -129,6 +129,7 @@ class Failed:
     """The last event of a request that could not finish (an error in the model, a shutdown)."""
 
     message: str
+    shutdown: bool = False  # the scheduler stopped: the request itself was fine, retry elsewhere/later
 
 
 Event = Piece | Done | Failed
@@ -215,7 +216,15 @@ class Handle:
 class _Seq:
     """A request that holds a slot: its prompt progress and generation state."""
 
-    def __init__(self, handle: Handle, slot: int, cached: int, sampler: Sampler, tokenizer) -> None:
+    def __init__(
+        self,
+        handle: Handle,
+        slot: int,
+        cached: int,
+        sampler: Sampler,
+        tokenizer: Any,
+        eog_ids: frozenset[int],
+    ) -> None:
         req = handle.request
         self.handle = handle
         self.slot = slot
@@ -224,7 +233,9 @@ class _Seq:
         self.n_prompt_done = cached  # prompt tokens whose K/V are in the cache
         self.sampler = sampler
         self.history = list(req.prompt)  # what the penalties look at
-        self.stop_ids = frozenset() if req.ignore_eos else req.stop_ids
+        self.stop_ids: frozenset[int] = (
+            frozenset() if req.ignore_eos else req.stop_ids if req.stop_ids is not None else eog_ids
+        )
         self.decoder = tokenizer.stream_decoder()
         self.stops = StopMatcher(list(req.stop))
         self.next_token: int | None = None  # sampled, evaluated at the next step
@@ -330,6 +341,11 @@ class Scheduler:
         self.shutdown()
 
     @property
+    def alive(self) -> bool:
+        """The scheduler thread is running (started, not shut down, not crashed)."""
+        return self._thread is not None and self._thread.is_alive() and not self._closing
+
+    @property
     def queue_depth(self) -> int:
         return len(self._pending)
 
@@ -350,8 +366,6 @@ class Scheduler:
             raise UsageError(f"max_tokens must be at least 0, got {request.max_tokens}")
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
             raise UsageError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {request.logprobs}")
-        if request.stop_ids is None:
-            request.stop_ids = self.eog_ids
         # Built now so that bad sampling options fail here and the seed is known from the start.
         sampler = Sampler(request.params, self.n_vocab)
         handle = Handle(request, sampler.seed, listener)
@@ -443,7 +457,7 @@ class Scheduler:
         kv.truncate(slot, keep)
         handle.started_at = time.time()
         assert handle._sampler is not None
-        seq = _Seq(handle, slot, keep, handle._sampler, self.tokenizer)
+        seq = _Seq(handle, slot, keep, handle._sampler, self.tokenizer, self.eog_ids)
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep
         return seq
@@ -532,7 +546,7 @@ class Scheduler:
             self._finish(s, "length")
             return 0
         tok = s.sampler.sample(row, s.history)
-        if tok in s.stop_ids:  # type: ignore[operator]
+        if tok in s.stop_ids:
             self._finish(s, "stop")
             return 0
         s.tokens.append(tok)
@@ -588,10 +602,10 @@ class Scheduler:
         self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
         h._emit(Done(reason, "".join(s.text), s.tokens, usage, timings, h.seed))
 
-    def _fail(self, s: _Seq, message: str) -> None:
+    def _fail(self, s: _Seq, message: str, shutdown: bool = False) -> None:
         self._release(s)
         self.finished_total["error"] = self.finished_total.get("error", 0) + 1
-        s.handle._emit(Failed(message))
+        s.handle._emit(Failed(message, shutdown))
 
     def _release(self, s: _Seq) -> None:
         if self._active.pop(s.slot, None) is s:
@@ -602,8 +616,8 @@ class Scheduler:
 
     def _fail_all(self, message: str) -> None:
         for s in list(self._active.values()):
-            self._fail(s, message)
+            self._fail(s, message, shutdown=True)
         with self._cond:
             pending, self._pending = list(self._pending), deque()
         for h in pending:
-            h._emit(Failed(message))
+            h._emit(Failed(message, shutdown=True))

@@ -57,7 +57,9 @@ def solo(llm, prompt: str, max_tokens: int, **sampling) -> tuple[list[int], str]
 
 def request(llm, prompt: str, max_tokens: int = 12, **kwargs) -> GenerationRequest:
     sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in SamplingParams.__dataclass_fields__}
-    return GenerationRequest(llm.tokenize(prompt), SamplingParams(**sampling), max_tokens=max_tokens, **kwargs)
+    return GenerationRequest(
+        llm.tokenize(prompt), SamplingParams(**sampling), max_tokens=max_tokens, **kwargs
+    )
 
 
 def test_batched_logits_equal_solo_logits(llm):
@@ -69,7 +71,9 @@ def test_batched_logits_equal_solo_logits(llm):
     alone = []
     for p in prompts:
         m.kv.clear()
-        alone.append(m.eval_batch(np.array(p), np.arange(len(p)), np.zeros(len(p)), np.array([len(p) - 1]))[0])
+        alone.append(
+            m.eval_batch(np.array(p), np.arange(len(p)), np.zeros(len(p)), np.array([len(p) - 1]))[0]
+        )
     m.kv.clear()
     toks = np.concatenate([np.array(p) for p in prompts])
     pos = np.concatenate([np.arange(len(p)) for p in prompts])
@@ -121,7 +125,9 @@ def test_stop_string_and_finish_reasons(llm):
         zero = sched.submit(request(llm, "Hello", 0)).result(30)
         assert zero.finish_reason == "length" and zero.tokens == [] and zero.text == ""
         # A stop id: the first greedy token, so nothing is generated.
-        first = GenerationRequest(llm.tokenize("Hello"), SamplingParams(temperature=0), 16, stop_ids=frozenset(toks[:1]))
+        first = GenerationRequest(
+            llm.tokenize("Hello"), SamplingParams(temperature=0), 16, stop_ids=frozenset(toks[:1])
+        )
         done = sched.submit(first).result(30)
         assert done.finish_reason == "stop" and done.tokens == []
 
@@ -222,8 +228,7 @@ def test_shutdown_fails_running_requests_and_idle_does_not_spin(llm):
     time.sleep(0.3)
     assert time.process_time() - t0 < 0.1  # idle: the thread sleeps on its condition
     h = sched.submit(GenerationRequest(llm.tokenize("Hello"), max_tokens=100, ignore_eos=True))
-    for ev in h.events(timeout=30):
-        break  # the request is running
+    next(h.events(timeout=30))  # the request is running
     sched.shutdown()
     assert isinstance(h.final, Failed | Done)
     assert not sched._thread.is_alive()

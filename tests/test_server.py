@@ -42,7 +42,9 @@ def llm(tiny_path):
 
 
 @contextmanager
-def running_server(llm, scheduler_cls=Scheduler, start=True, api_key=None, parallel=3, queue_size=32, **settings):
+def running_server(
+    llm, scheduler_cls=Scheduler, start=True, api_key=None, parallel=3, queue_size=32, **settings
+):
     sched = scheduler_cls(llm, n_parallel=parallel, n_ctx=128, n_threads=1, queue_size=queue_size)
     if start:
         sched.start()
@@ -58,7 +60,7 @@ def running_server(llm, scheduler_cls=Scheduler, start=True, api_key=None, paral
 
 @pytest.fixture(scope="module")
 def server(llm):
-    with running_server(llm, api_key=API_KEY) as (srv, sched):
+    with running_server(llm, api_key=API_KEY) as (srv, _sched):
         yield srv
 
 
@@ -111,9 +113,13 @@ def test_health_models_metrics(server, http, client):
     client.completions.create(model="tiny", prompt="Hello", max_tokens=2)
     text = http.get("/metrics").text
     for name in (
-        "llamacy_requests_total", "llamacy_prompt_tokens_total", "llamacy_generated_tokens_total",
-        "llamacy_queue_depth", "llamacy_active_sequences", "llamacy_generation_tokens_per_second",
-    ):  # fmt: skip
+        "llamacy_requests_total",
+        "llamacy_prompt_tokens_total",
+        "llamacy_generated_tokens_total",
+        "llamacy_queue_depth",
+        "llamacy_active_sequences",
+        "llamacy_generation_tokens_per_second",
+    ):
         assert f"# TYPE {name} " in text
     assert 'llamacy_requests_total{endpoint="/v1/completions",status="200"}' in text
     for line in text.splitlines():  # every sample line is `name{labels} number`
@@ -122,8 +128,9 @@ def test_health_models_metrics(server, http, client):
 
 
 def test_completion_equals_solo_engine(llm, client):
-    r = client.completions.create(model="tiny", prompt="The capital of France is", max_tokens=10, seed=5,
-                                  temperature=0.9)  # fmt: skip
+    r = client.completions.create(
+        model="tiny", prompt="The capital of France is", max_tokens=10, seed=5, temperature=0.9
+    )
     assert r.choices[0].text == solo_text(llm, "The capital of France is", 10, temperature=0.9, seed=5)
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.prompt_tokens == len(llm.tokenize("The capital of France is"))
@@ -140,13 +147,21 @@ def test_completion_equals_solo_engine(llm, client):
 
 def test_completion_stream(llm, client, http):
     expected = solo_text(llm, "Once upon", 12, temperature=0.8, seed=2)
-    chunks = list(client.completions.create(model="tiny", prompt="Once upon", max_tokens=12, seed=2,
-                                            temperature=0.8, stream=True))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt="Once upon", max_tokens=12, seed=2, temperature=0.8, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == expected
-    assert chunks[-1].choices[0].finish_reason in ("stop", "length") and chunks[-1].usage.completion_tokens > 0
+    assert (
+        chunks[-1].choices[0].finish_reason in ("stop", "length") and chunks[-1].usage.completion_tokens > 0
+    )
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-    with http.stream("POST", "/v1/completions", json={"prompt": "Once upon", "max_tokens": 12, "seed": 2,
-                                                      "temperature": 0.8, "stream": True}) as r:  # fmt: skip
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={"prompt": "Once upon", "max_tokens": 12, "seed": 2, "temperature": 0.8, "stream": True},
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = sse_events(r)
     assert events[-1] == "[DONE]"
@@ -157,34 +172,54 @@ def test_completion_stream(llm, client, http):
 
 def test_chat_stream_and_not(llm, client):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    expected = solo_text(llm, chat_ids(llm, messages), 12, temperature=0.7, seed=9, stop=["<|im_end|>", "<|im_start|>"])
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0.7, seed=9)
+    expected = solo_text(
+        llm, chat_ids(llm, messages), 12, temperature=0.7, seed=9, stop=["<|im_end|>", "<|im_start|>"]
+    )
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=0.7, seed=9
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == expected
     assert r.usage.prompt_tokens == len(chat_ids(llm, messages))
-    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0.7,
-                                                 seed=9, stream=True))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0.7, seed=9, stream=True
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
     assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     # Content given as parts, max_completion_tokens, the same answer.
-    parts = [messages[0], {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
-    r2 = client.chat.completions.create(model="tiny", messages=parts, max_completion_tokens=12, temperature=0.7, seed=9)
+    parts = [
+        messages[0],
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+    ]
+    r2 = client.chat.completions.create(
+        model="tiny", messages=parts, max_completion_tokens=12, temperature=0.7, seed=9
+    )
     assert r2.choices[0].message.content == expected
 
 
 def test_stop_strings_and_logprobs(llm, client):
     text = solo_text(llm, "Hello", 16, temperature=0)
     stop = text[5:7]
-    r = client.completions.create(model="tiny", prompt="Hello", max_tokens=16, temperature=0, stop=[stop, "zzzz"])
+    r = client.completions.create(
+        model="tiny", prompt="Hello", max_tokens=16, temperature=0, stop=[stop, "zzzz"]
+    )
     assert r.choices[0].text == text[: text.index(stop)] and r.choices[0].finish_reason == "stop"
     r = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0, logprobs=2)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert all(len(t) <= 2 and v <= 0 for t, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-                                       temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
 
@@ -202,8 +237,14 @@ def test_jobs(llm, http):
     assert status["created_at"] <= status["started_at"] <= status["finished_at"]
     result = http.get(f"/jobs/{job_id}").json()
     assert result["result"] == solo_text(llm, "The capital of France is", 8, seed=4)
-    assert set(result["stats"]) >= {"prompt_time_ms", "predict_time_ms", "total_time_ms", "prompt_tokens",
-                                    "completion_tokens", "tokens_per_second"}  # fmt: skip
+    assert set(result["stats"]) >= {
+        "prompt_time_ms",
+        "predict_time_ms",
+        "total_time_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "tokens_per_second",
+    }
     # A client-chosen id; then the same id again; unknown ids.
     my_id = "0b6d4c0e-9d1c-4d8e-8f4e-2f7c1f0e5a11"
     assert http.post("/jobs", json={"id": my_id, "prompt": "Hi", "max_tokens": 2}).status_code == 202
@@ -239,8 +280,10 @@ def test_job_store_expires_finished_jobs():
 def test_concurrent_clients_get_their_own_answers(llm, server):
     """24 requests from 8 threads over 3 slots, mixed kinds: none lost, none mixed up."""
     prompts = ["The capital of France is", "Hello", "1 2 3 4", "Once upon a time", "Paris is", "ab ab ab"]
-    cases = [(kind, prompts[i % len(prompts)], i) for i, kind in
-             enumerate(["completion", "completion-stream", "chat", "chat-stream"] * 6)]  # fmt: skip
+    cases = [
+        (kind, prompts[i % len(prompts)], i)
+        for i, kind in enumerate(["completion", "completion-stream", "chat", "chat-stream"] * 6)
+    ]
 
     def expected(kind: str, prompt: str, seed: int) -> str:
         if kind.startswith("chat"):
@@ -257,7 +300,9 @@ def test_concurrent_clients_get_their_own_answers(llm, server):
         if kind == "completion":
             return cli.completions.create(prompt=prompt, **common).choices[0].text
         if kind == "completion-stream":
-            return "".join(c.choices[0].text for c in cli.completions.create(prompt=prompt, stream=True, **common))
+            return "".join(
+                c.choices[0].text for c in cli.completions.create(prompt=prompt, stream=True, **common)
+            )
         messages = [{"role": "user", "content": prompt}]
         if kind == "chat":
             return cli.chat.completions.create(messages=messages, **common).choices[0].message.content
@@ -273,7 +318,9 @@ def test_concurrent_clients_get_their_own_answers(llm, server):
 
 
 def test_bad_requests(llm, server, http):
-    post = lambda path, body, **kw: http.post(path, content=body, headers={"content-type": "application/json"}, **kw)  # noqa: E731
+    def post(path: str, body, **kw) -> httpx.Response:
+        return http.post(path, content=body, headers={"content-type": "application/json"}, **kw)
+
     assert_error(post("/v1/completions", b'{"prompt": "x",'), 400, "not valid JSON")
     assert_error(post("/v1/completions", b"[1, 2]"), 400, "JSON object")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": "5"}), 400, "max_tokens")
@@ -285,9 +332,28 @@ def test_bad_requests(llm, server, http):
     assert_error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": -1}), 400, "max_tokens")
     assert_error(http.post("/v1/completions", json={"prompt": [1, 10**7]}), 400, "vocabulary")
     assert_error(http.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
-    assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}), 400, "role")
-    assert_error(http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                         "tools": [{"type": "function"}]}), 400, "tools")  # fmt: skip
+    assert_error(
+        http.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}),
+        400,
+        "role",
+    )
+    assert_error(
+        http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        ),
+        400,
+        "tools",
+    )
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "stop": ["s"] * 17}), 400, "at most 16")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "stop": "s" * 1000}), 400, "at most 256")
+    image = [{"type": "image_url", "image_url": {"url": "x"}}]
+    assert_error(
+        http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": image}]}),
+        400,
+        "text",
+    )
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "logprobs": 50}), 400, "logprobs")
     err = assert_error(http.post("/v1/completions", json={"prompt": "word " * 200}), 400, "context")
     assert err["code"] == "context_length_exceeded"
     assert_error(http.get("/v1/nothing"), 404, "no such endpoint")
@@ -316,17 +382,23 @@ def test_full_queue_answers_429(llm):
     # A scheduler that is not started holds every request in its queue: the second one finds it full.
     with running_server(llm, start=False, queue_size=1) as (srv, sched):
         results: list = []
-        first = threading.Thread(target=lambda: results.append(
-            httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)))  # fmt: skip
+        first = threading.Thread(
+            target=lambda: results.append(
+                httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+            )
+        )
         first.start()
         deadline = time.monotonic() + 10
         while sched.queue_depth < 1:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(
+            srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
         err = assert_error(r, 429, "queue is full")
         assert r.headers["Retry-After"] == "1" and err["type"] == "rate_limit_error"
         assert_error(httpx.post(srv.url + "/jobs", json={"prompt": "x"}), 429)
+        assert httpx.get(srv.url + "/health").status_code == 503  # nothing is generating
         sched.shutdown()  # the queued request fails cleanly
         first.join(10)
         assert_error(results[0], 503, "shutting down")
@@ -348,8 +420,10 @@ def test_client_disconnect_frees_the_sequence(llm):
         host, port = srv.url.removeprefix("http://").split(":")
         raw = json.dumps(body).encode()
         with socket.create_connection((host, int(port))) as s:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))  # fmt: skip
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
+            )
             deadline = time.monotonic() + 10
             while sched.n_active == 0 and sched.finished_total.get("cancelled", 0) < 1:
                 assert time.monotonic() < deadline
@@ -371,17 +445,38 @@ def test_client_disconnect_frees_the_sequence(llm):
 def test_serve_command(tiny_path):
     env = {**os.environ, "LLAMACY_API_KEY": "k"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llamacy", "serve", "-m", str(tiny_path), "--port", "0", "--parallel", "2",
-         "--threads", "1", "--ctx-size", "64"],  # fmt: skip
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "llamacy",
+            "serve",
+            "-m",
+            str(tiny_path),
+            "--port",
+            "0",
+            "--parallel",
+            "2",
+            "--threads",
+            "1",
+            "--ctx-size",
+            "64",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         line = proc.stderr.readline()
         assert "http://127.0.0.1:" in line, line
         url = line.split(" at ")[1].split()[0].removesuffix("/v1")
         assert httpx.get(url + "/health", timeout=10).json()["status"] == "ok"
-        r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
-                       headers={"Authorization": "Bearer k"}, timeout=30)  # fmt: skip
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"prompt": "Hi", "max_tokens": 2},
+            headers={"Authorization": "Bearer k"},
+            timeout=30,
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
     finally:
         proc.send_signal(signal.SIGINT)
@@ -399,7 +494,7 @@ def test_default_model_end_to_end(default_model_path):
     from llamacy import Llama
 
     llm = Llama(default_model_path, n_ctx=256, n_threads=2)
-    with running_server(llm, parallel=2) as (srv, sched):
+    with running_server(llm, parallel=2) as (srv, _sched):
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -410,5 +505,8 @@ def test_default_model_end_to_end(default_model_path):
         with ThreadPoolExecutor(2) as pool:
             a, b = pool.map(ask, range(2))
         alone = ask(0)
-        assert a == b == alone
-        assert "Paris" in alone
+        assert (
+            a == b == alone == solo_text(llm, chat_ids(llm, messages), 12, temperature=0, stop=["<|im_end|>"])
+        )
+        r = cli.completions.create(model="x", prompt="The capital of France is", max_tokens=4, temperature=0)
+        assert "Paris" in r.choices[0].text

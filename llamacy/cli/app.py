@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from llamacy.cli import batch as batch_cmd
 from llamacy.cli import bench as bench_cmd
 from llamacy.cli import chat as chat_cmd
+from llamacy.cli import convert as convert_cmd
 from llamacy.cli import info as info_cmd
 from llamacy.cli import perplexity as perplexity_cmd
 from llamacy.cli import run as run_cmd
@@ -39,10 +41,18 @@ def _root(
 
 
 app.command("run", help="Complete a prompt and print the completion.")(run_cmd.run)
-app.command("chat", help="Chat with a model in the terminal (or answer input lines in a pipe).")(chat_cmd.chat)
+app.command("chat", help="Chat with a model in the terminal (or answer input lines in a pipe).")(
+    chat_cmd.chat
+)
 app.command("info", help="Describe a model file: architecture, size, quant mix, memory needs.")(info_cmd.info)
 app.command("bench", help="Measure prompt processing (pp) and generation (tg) speed.")(bench_cmd.bench)
 app.command("perplexity", help="Perplexity of a model on a text file (the reference tool's method).")(
     perplexity_cmd.perplexity
 )
 app.command("serve", help="Serve the model over HTTP: OpenAI-compatible API and job API.")(serve_cmd.serve)
+app.command(
+    "convert", help="Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type."
+)(convert_cmd.convert)
+app.command("batch", help="Run prompts from a file into a JSONL file; rerun to resume after a crash.")(
+    batch_cmd.batch
+)

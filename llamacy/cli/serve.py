@@ -17,11 +17,19 @@ def serve(
     parallel: int = typer.Option(4, "--parallel", "-np", help="Sequences generated at once (batched)."),
     threads: int = opt.THREADS,
     ctx_size: int = typer.Option(
-        None, "--ctx-size", "-c", help="Context size of each sequence in tokens (default: min(model's, 4096))."
+        None,
+        "--ctx-size",
+        "-c",
+        help="Context size of each sequence in tokens (default: min(model's, 4096)).",
     ),
-    queue_size: int = typer.Option(64, "--queue-size", help="Requests that may wait for a slot; more get 429."),
+    queue_size: int = typer.Option(
+        64, "--queue-size", help="Requests that may wait for a slot; more get 429."
+    ),
     api_key: str = typer.Option(
-        None, "--api-key", envvar="LLAMACY_API_KEY", help="Require 'Authorization: Bearer KEY' (env LLAMACY_API_KEY)."
+        None,
+        "--api-key",
+        envvar="LLAMACY_API_KEY",
+        help="Require 'Authorization: Bearer KEY' (env LLAMACY_API_KEY).",
     ),
     chat_template: Path = typer.Option(
         None, "--chat-template", help="A Jinja chat template file, instead of the model's own."

@@ -1,18 +1,18 @@
 # Quantized matrix products: Y[t, r] = dot(W row r, activation row t).
 #
 # Weights stay in their GGUF block format (read in place from the mmap); activations arrive quantized by
-# quant.quantize_act_row (ACT_Q8A for the 32-value types, ACT_F32 for float weights, ACT_Q8K for K-quants).
-# The inner products are integer SIMD as in the reference engines: 4/5-bit quants unpacked to unsigned
+# quant.quantize_act_row (ACT_Q8A for the 32-value types, ACT_Q8K for the K-quants, ACT_F32 for float
+# weights). The inner products are integer SIMD as in the reference engines: quants unpacked to unsigned
 # bytes, _mm256_maddubs_epi16 (u8 x s8 -> pairs of int16) then _mm256_madd_epi16 (-> int32), converted to
-# float once per 32-value block and scaled with one FMA.
+# float once per block and scaled with one FMA.
 #
-# Work is cut into tiles of R weight rows x T tokens (tile_lg / tile_f). A tile unpacks each weight block
-# once into registers and reuses it for its T tokens, and loads each activation block once for its R rows:
-#   decode (n_tok == 1): DR rows x 1 token, so the activation block and its scale are shared by DR rows;
+# Work is cut into tiles of R weight rows x T tokens (tile_lg, tile_k, tile_f). A tile unpacks each weight
+# block once and reuses it for its T tokens, and loads each activation block once for its R rows:
+#   decode (n_tok == 1): DR rows x 1 token (a matvec), prefetching the weights a few tiles ahead;
 #   prefill (n_tok > 1): PR rows x PT tokens, looping over token chunks of TCH inside a group of GR rows so
 #   that the group's weight rows stay in L1 while a chunk of activations stays in L2.
-# R and T are small constants at every call site; after inlining the compiler unrolls the r/t loops and
-# keeps the accumulator arrays in registers.
+# Output rows are split over OpenMP threads (prange, static schedule) in groups; nthreads == 1 opens no
+# parallel region. Nothing is allocated per call: the tiles live on the stack.
 #
 # Every SIMD kernel has a scalar twin (vd_*_scalar: plain loops over blocks, one row x one token) that is
 # what a portable build runs and what the tests hold the SIMD kernels against.
@@ -489,7 +489,7 @@ cdef inline __m256i token_offset(const lblock* wb, __m256i qy) noexcept nogil:
 
 
 # One tile: R rows starting at w (rows nb blocks apart) x T tokens starting at y (nb blocks apart);
-# out[t * ldo + r] = dot. R <= MAXR, T <= MAXT, both compile-time constants after inlining/cloning.
+# out[t * ldo + r] = dot. R and T come from the shape type: constants in each generated C function.
 #
 # Scales: with one token (decode) the block's fp16 pair (d, m) is loaded as 32 bits, converted with one
 # F16C op and multiplied by the activation's float pair (d_y, s) in one SSE mul, giving [d*d_y, m*s]:
@@ -590,7 +590,6 @@ cdef void tile_lg(const lblock* w, const tshape* shape, const block_q8a* y, Py_s
 ctypedef struct kunpacked:
     uint8_t u[256]
     int16_t scx[128]   # per 32-value step j: sc of group 2j in int16 lanes 0..7, of group 2j+1 in 8..15
-    int16_t sc[16]
     int16_t off[16]
     float d
     float doff
@@ -605,32 +604,58 @@ cdef inline __m256i move_bit(__m256i v, int frm, int to) noexcept nogil:
     return v
 
 
-# scx from sc: step j's vector is sc[2j] x 8, sc[2j+1] x 8 (one broadcast, one in-lane byte shuffle).
-cdef inline void expand_scales(kunpacked* k) noexcept nogil:
+# The 16 group scales S (int16) -> scx: step j's vector is S[2j] x 8 then S[2j+1] x 8 (the dword holding
+# both broadcast, then an in-lane byte shuffle keeps the low word in the low lane, the high in the high).
+cdef inline void expand_scales(__m256i S, kunpacked* k) noexcept nogil:
     cdef __m256i mask = _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
                                           0x0100010001000100, 0x0100010001000100)
     cdef int j
-    cdef uint32_t pair
     for j in range(8):
-        memcpy(&pair, &k.sc[2 * j], 4)
         _mm256_storeu_si256(<__m256i*>&k.scx[16 * j],
-                            _mm256_shuffle_epi8(_mm256_set1_epi32(<int>pair), mask))
+                            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(j)), mask))
+
+
+# Q4_K/Q5_K: the 12 packed bytes -> 8 scales (bytes 0..7) and 8 mins (bytes 8..15), with 32-bit word ops.
+cdef inline __m128i k4_scales_mins(const uint8_t* packed) noexcept nogil:
+    cdef uint32_t a0, a1, a2, s2, s3
+    memcpy(&a0, packed, 4)
+    memcpy(&a1, packed + 4, 4)
+    memcpy(&a2, packed + 8, 4)
+    # scales 0..3: low 6 bits of bytes 0..3; scales 4..7: low nibbles of bytes 8..11 + top bits of 0..3
+    # mins 0..3: low 6 bits of bytes 4..7;   mins 4..7: high nibbles of bytes 8..11 + top bits of 4..7
+    s2 = a1 & 0x3f3f3f3f
+    s3 = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4)
+    return _mm_set_epi32(<int>s3, <int>s2, <int>((a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4)),
+                         <int>(a0 & 0x3f3f3f3f))
+
+
+# Q3_K: the 12 packed bytes -> 16 scales + 32 (unsigned 0..63), with 32-bit word ops.
+cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
+    cdef uint32_t a0, a1, a2
+    memcpy(&a0, packed, 4)
+    memcpy(&a1, packed + 4, 4)
+    memcpy(&a2, packed + 8, 4)
+    return _mm_set_epi32(
+        <int>(((a1 >> 4) & 0x0f0f0f0f) | (((a2 >> 6) & 0x03030303) << 4)),
+        <int>(((a0 >> 4) & 0x0f0f0f0f) | (((a2 >> 4) & 0x03030303) << 4)),
+        <int>((a1 & 0x0f0f0f0f) | (((a2 >> 2) & 0x03030303) << 4)),
+        <int>((a0 & 0x0f0f0f0f) | ((a2 & 0x03030303) << 4)))
 
 
 cdef inline void unpack_k(const kblock* b, kunpacked* k) noexcept nogil:
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i v, hb, a, c
-    cdef int j, n, i
-    cdef int32_t sc, mn
+    cdef __m256i v, hb, a, c, S, O
+    cdef __m128i sm
+    cdef int j, n
     if kblock is block_q2_K:
         for n in range(2):
             v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
             for j in range(4):
                 _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 32 * j),
                                     _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)))
-        for i in range(16):
-            k.sc[i] = b.scales[i] & 0xF
-            k.off[i] = b.scales[i] >> 4
+        v = _mm256_cvtepu8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
+        S = _mm256_and_si256(v, _mm256_set1_epi16(0xF))
+        O = _mm256_srli_epi16(v, 4)
         k.d = fp16(b.d)
         k.doff = fp16(b.dmin)
     elif kblock is block_q3_K:
@@ -641,9 +666,8 @@ cdef inline void unpack_k(const kblock* b, kunpacked* k) noexcept nogil:
                 _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 32 * j), _mm256_or_si256(
                     _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)),
                     _mm256_and_si256(move_bit(hb, 4 * n + j, 2), _mm256_set1_epi8(4))))
-        for i in range(16):
-            k.sc[i] = <int16_t>q3k_scale(b.scales, i)
-            k.off[i] = <int16_t>(4 * k.sc[i])
+        S = _mm256_sub_epi16(_mm256_cvtepu8_epi16(k3_scales(b.scales)), _mm256_set1_epi16(32))
+        O = _mm256_slli_epi16(S, 2)
         k.d = fp16(b.d)
         k.doff = k.d
     elif kblock is block_q4_K or kblock is block_q5_K:
@@ -658,12 +682,10 @@ cdef inline void unpack_k(const kblock* b, kunpacked* k) noexcept nogil:
                 c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
             _mm256_storeu_si256(<__m256i*>(k.u + 64 * j), a)
             _mm256_storeu_si256(<__m256i*>(k.u + 64 * j + 32), c)
-        for i in range(8):
-            scale_min_k4(i, b.scales, &sc, &mn)
-            k.sc[2 * i] = <int16_t>sc
-            k.sc[2 * i + 1] = <int16_t>sc
-            k.off[2 * i] = <int16_t>mn
-            k.off[2 * i + 1] = <int16_t>mn
+        # each 32-value sub-block spans two 16-value groups: repeat every scale and min twice
+        sm = k4_scales_mins(b.scales)
+        S = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm))
+        O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
         k.d = fp16(b.d)
         k.doff = fp16(b.dmin)
     elif kblock is block_q6_K:
@@ -680,12 +702,12 @@ cdef inline void unpack_k(const kblock* b, kunpacked* k) noexcept nogil:
             _mm256_storeu_si256(<__m256i*>(k.u + 128 * n + 96), _mm256_or_si256(
                 _mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
                 _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
-        for i in range(16):
-            k.sc[i] = b.scales[i]
-            k.off[i] = <int16_t>(32 * b.scales[i])
+        S = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
+        O = _mm256_slli_epi16(S, 5)
         k.d = fp16(b.d)
         k.doff = k.d
-    expand_scales(k)
+    _mm256_storeu_si256(<__m256i*>k.off, O)
+    expand_scales(S, k)
 
 
 # acc += the dot of one unpacked super-block with one Q8_K block (8 float lanes, summed at the end).

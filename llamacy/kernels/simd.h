@@ -172,6 +172,12 @@ static inline __m128i _mm_madd_epi16(__m128i a, __m128i b) {
 static inline __m128i _mm_add_epi32(__m128i a, __m128i b) { for (int i = 0; i < 4; i++) a.u32[i] += b.u32[i]; return a; }
 static inline int _mm_cvtsi128_si32(__m128i a) { return a.i32[0]; }
 static inline __m128i _mm_unpackhi_epi64(__m128i a, __m128i b) { a.i64[0] = a.i64[1]; a.i64[1] = b.i64[1]; return a; }
+static inline __m128i _mm_unpacklo_epi8(__m128i a, __m128i b) {
+    __m128i r; for (int i = 0; i < 8; i++) { r.u8[2 * i] = a.u8[i]; r.u8[2 * i + 1] = b.u8[i]; } return r;
+}
+static inline __m128i _mm_unpackhi_epi8(__m128i a, __m128i b) {
+    __m128i r; for (int i = 0; i < 8; i++) { r.u8[2 * i] = a.u8[8 + i]; r.u8[2 * i + 1] = b.u8[8 + i]; } return r;
+}
 static inline __m128i _mm_cvtsi32_si128(int a) { __m128i r; memset(&r, 0, 16); r.i32[0] = a; return r; }
 static inline __m128i _mm_loadl_epi64(const void* p) { __m128i r; memset(&r, 0, 16); memcpy(&r, p, 8); return r; }
 static inline __m128i _mm_shuffle_epi32(__m128i a, int imm) {

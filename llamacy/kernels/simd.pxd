@@ -70,6 +70,8 @@ cdef extern from "simd.h" nogil:
     __m128i _mm_unpackhi_epi64(__m128i a, __m128i b)
     __m128i _mm_shuffle_epi32(__m128i a, int imm)
     __m128i _mm_cvtsi32_si128(int a)
+    __m128i _mm_unpacklo_epi8(__m128i a, __m128i b)
+    __m128i _mm_unpackhi_epi8(__m128i a, __m128i b)
     __m128i _mm_loadl_epi64(const __m128i* p)
 
     # float

@@ -74,7 +74,9 @@ class RequireAPIKey:
         if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):  # constant time: no key guessing by timing
-                message = "missing API key (send Authorization: Bearer <key>)" if not given else "invalid API key"
+                message = (
+                    "missing API key (send Authorization: Bearer <key>)" if not given else "invalid API key"
+                )
                 resp = error_response(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await resp(scope, receive, send)
                 return
@@ -122,17 +124,21 @@ async def read_body(request: Request) -> bytes:
 
 async def health(request: Request) -> JSONResponse:
     sched = request.app.state.llamacy.scheduler
+    # 503 when generation cannot happen (stopped or crashed scheduler): a load balancer stops routing here.
     return JSONResponse(
         {
-            "status": "ok",
+            "status": "ok" if sched.alive else "unavailable",
             "slots_idle": sched.n_parallel - sched.n_active,
             "slots_processing": sched.n_active,
             "queue_depth": sched.queue_depth,
-        }
+        },
+        status_code=200 if sched.alive else 503,
     )
 
 
-def create_app(scheduler: Scheduler, template: Any = None, settings: ServerSettings | None = None) -> Starlette:
+def create_app(
+    scheduler: Scheduler, template: Any = None, settings: ServerSettings | None = None
+) -> Starlette:
     from llamacy.server import jobs, metrics, openai_routes
 
     settings = settings or ServerSettings()

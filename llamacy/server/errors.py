@@ -81,7 +81,9 @@ async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    message = exc.detail if exc.status_code != 404 else f"no such endpoint: {request.method} {request.url.path}"
+    message = (
+        exc.detail if exc.status_code != 404 else f"no such endpoint: {request.method} {request.url.path}"
+    )
     return error_response(exc.status_code, str(message), headers=exc.headers)
 
 

@@ -20,9 +20,15 @@ if TYPE_CHECKING:
     from llamacy.server.app import ServerState
 
 _SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
     "frequency_penalty",
-)  # fmt: skip
+)
 
 
 def sampling_params(f: SamplingFields) -> SamplingParams:
@@ -55,8 +61,11 @@ async def encode_text(state: ServerState, text: str) -> list[int]:
 async def encode_chat(state: ServerState, messages: list[dict[str, Any]]) -> list[int]:
     tpl = state.template
     if tpl is None:
-        raise APIError(501, "chat completions need a chat template, and none could be loaded for this model",
-                       "no_chat_template")  # fmt: skip
+        raise APIError(
+            501,
+            "chat completions need a chat template, and none could be loaded for this model",
+            "no_chat_template",
+        )
 
     def render() -> list[int]:
         return tpl.encode(tpl.render(messages, add_generation_prompt=True))

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 def _rfc3339(t: float | None) -> str | None:
     if t is None:
         return None
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
 
 
 class Job:
@@ -50,7 +52,9 @@ class Job:
     @property
     def status(self) -> str:
         h = self.handle
-        if isinstance(self.final, Failed) or (isinstance(self.final, Done) and self.final.finish_reason == "cancelled"):
+        if isinstance(self.final, Failed) or (
+            isinstance(self.final, Done) and self.final.finish_reason == "cancelled"
+        ):
             return "error"
         if self.final is not None:
             return "done"
@@ -133,7 +137,11 @@ class JobStore:
     def _prune_locked(self) -> None:
         finished = OrderedDict(
             sorted(
-                ((j.id, j.handle.finished_at or 0.0) for j in self._jobs.values() if j.final is not None and j.handle),
+                (
+                    (j.id, j.handle.finished_at or 0.0)
+                    for j in self._jobs.values()
+                    if j.final is not None and j.handle
+                ),
                 key=lambda kv: kv[1],
             )
         )

@@ -81,27 +81,58 @@ def render(state: ServerState) -> str:
         lines.append(f"# HELP {name} {help_}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
-            lines.append(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}")
+            lines.append(
+                f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
+            )
 
     reqs = sorted(state.requests.snapshot().items())
-    metric("llamacy_requests_total", "counter", "HTTP requests by endpoint and status code.",
-           [(f'{{endpoint="{_esc(e)}",status="{s}"}}', n) for (e, s), n in reqs])  # fmt: skip
-    metric("llamacy_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-           [("", sched.prompt_tokens_total)])  # fmt: skip
-    metric("llamacy_prompt_tokens_evaluated_total", "counter",
-           "Prompt tokens evaluated (the others were reused from a slot's KV cache).",
-           [("", sched.prompt_evaluated_total)])  # fmt: skip
-    metric("llamacy_generated_tokens_total", "counter", "Tokens generated.", [("", sched.generated_tokens_total)])
-    metric("llamacy_requests_finished_total", "counter", "Generations finished, by reason.",
-           [(f'{{reason="{r}"}}', n) for r, n in sorted(sched.finished_total.items())])  # fmt: skip
-    metric("llamacy_queue_depth", "gauge", "Requests waiting for a free sequence slot.", [("", sched.queue_depth)])
+    metric(
+        "llamacy_requests_total",
+        "counter",
+        "HTTP requests by endpoint and status code.",
+        [(f'{{endpoint="{_esc(e)}",status="{s}"}}', n) for (e, s), n in reqs],
+    )
+    metric(
+        "llamacy_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of admitted requests.",
+        [("", sched.prompt_tokens_total)],
+    )
+    metric(
+        "llamacy_prompt_tokens_evaluated_total",
+        "counter",
+        "Prompt tokens evaluated (the others were reused from a slot's KV cache).",
+        [("", sched.prompt_evaluated_total)],
+    )
+    metric(
+        "llamacy_generated_tokens_total", "counter", "Tokens generated.", [("", sched.generated_tokens_total)]
+    )
+    metric(
+        "llamacy_requests_finished_total",
+        "counter",
+        "Generations finished, by reason.",
+        [(f'{{reason="{r}"}}', n) for r, n in sorted(sched.finished_total.items())],
+    )
+    metric(
+        "llamacy_queue_depth",
+        "gauge",
+        "Requests waiting for a free sequence slot.",
+        [("", sched.queue_depth)],
+    )
     metric("llamacy_active_sequences", "gauge", "Sequences prefilling or generating.", [("", sched.n_active)])
     metric("llamacy_parallel_sequences", "gauge", "Sequence slots (--parallel).", [("", sched.n_parallel)])
-    metric("llamacy_generation_tokens_per_second", "gauge",
-           "Tokens generated per second, all sequences together, over the last 10 s.",
-           [("", round(sched.tokens_per_second(), 3))])  # fmt: skip
-    metric("llamacy_jobs", "gauge", "Jobs held by the job API, by status.",
-           [(f'{{status="{s}"}}', n) for s, n in state.jobs.counts().items()])  # fmt: skip
+    metric(
+        "llamacy_generation_tokens_per_second",
+        "gauge",
+        "Tokens generated per second, all sequences together, over the last 10 s.",
+        [("", round(sched.tokens_per_second(), 3))],
+    )
+    metric(
+        "llamacy_jobs",
+        "gauge",
+        "Jobs held by the job API, by status.",
+        [(f'{{status="{s}"}}', n) for s, n in state.jobs.counts().items()],
+    )
     return "\n".join(lines) + "\n"
 
 

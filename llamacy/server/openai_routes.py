@@ -26,7 +26,7 @@ def _sse(obj: Any) -> str:
 
 
 def _failure(ev: Failed) -> tuple[int, dict]:
-    status = 503 if "shutting down" in ev.message else 500
+    status = 503 if ev.shutdown else 500
     return status, error_body(status, ev.message, "generation_failed")
 
 
@@ -35,7 +35,9 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse(
         {
             "object": "list",
-            "data": [{"id": state.model_name, "object": "model", "created": state.created, "owned_by": "llamacy"}],
+            "data": [
+                {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "llamacy"}
+            ],
         }
     )
 
@@ -68,8 +70,13 @@ async def completions(request: Request) -> Response:
         return {"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}
 
     def wrap(choices: list[dict]) -> dict:
-        return {"id": cid, "object": "text_completion", "created": created, "model": state.model_name,
-                "choices": choices}  # fmt: skip
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": state.model_name,
+            "choices": choices,
+        }
 
     want_lp = body.logprobs is not None
     if body.stream:
@@ -81,7 +88,11 @@ async def completions(request: Request) -> Response:
                     yield _sse(wrap([choice(echo, None, None)]))
                 async for ev in events:
                     if isinstance(ev, Piece):
-                        lps = gen.completion_logprobs(state, ev.logprobs, offset) if want_lp and ev.logprobs else None
+                        lps = (
+                            gen.completion_logprobs(state, ev.logprobs, offset)
+                            if want_lp and ev.logprobs
+                            else None
+                        )
                         offset += len(ev.text)
                         if ev.text or lps:
                             yield _sse(wrap([choice(ev.text, None, lps)]))
@@ -111,8 +122,9 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.llamacy
     body = parse(ChatRequest, await read_body(request))
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                for m in body.messages]  # fmt: skip
+    messages = [
+        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages
+    ]
     ids = await gen.encode_chat(state, messages)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     req = gen.build_request(state, body, ids, body.token_limit(), logprobs, chat=True)
@@ -125,23 +137,21 @@ async def chat_completions(request: Request) -> Response:
 
     if body.stream:
 
-        def delta(d: dict, finish: str | None, lps: dict | None = None) -> str:
-            return _sse(wrap("chat.completion.chunk",
-                             [{"index": 0, "delta": d, "logprobs": lps, "finish_reason": finish}]))  # fmt: skip
+        def chunk(delta: dict, finish: str | None = None, lps: dict | None = None) -> dict:
+            choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}
+            return wrap("chat.completion.chunk", [choice])
 
         async def stream() -> AsyncIterator[str]:
             async with gen.cancel_on_disconnect(request, handle):
-                yield delta({"role": "assistant", "content": ""}, None)
+                yield _sse(chunk({"role": "assistant", "content": ""}))
                 async for ev in events:
                     if isinstance(ev, Piece):
                         lps = gen.chat_logprobs(state, ev.logprobs) if ev.logprobs else None
                         if ev.text or lps:
-                            yield delta({"content": ev.text}, None, lps)
+                            yield _sse(chunk({"content": ev.text}, lps=lps))
                     elif isinstance(ev, Done):
-                        chunk = wrap("chat.completion.chunk",
-                                     [{"index": 0, "delta": {}, "logprobs": None,
-                                       "finish_reason": gen.finish_reason(ev)}])  # fmt: skip
-                        yield _sse({**chunk, "usage": gen.usage_dict(ev), "timings": ev.timings.as_dict()})
+                        last = chunk({}, gen.finish_reason(ev))
+                        yield _sse({**last, "usage": gen.usage_dict(ev), "timings": ev.timings.as_dict()})
                     else:
                         yield _sse(_failure(ev)[1])
                 yield "data: [DONE]\n\n"

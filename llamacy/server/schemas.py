@@ -13,7 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from llamacy.server.errors import APIError
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256  # matching a stop string costs its length squared per token: keep it small
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # a uuid, or any similar opaque name
+
+
+StopStr = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
 
 class _Strict(BaseModel):
@@ -33,14 +37,16 @@ class SamplingFields(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: StopStr | Annotated[list[StopStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
     ignore_eos: bool = False  # llama.cpp's extension: generate through end-of-turn tokens
     n: int | None = None
     logit_bias: dict[str, Any] | None = None
 
     def unsupported(self) -> None:
         if self.n not in (None, 1):
-            raise APIError(400, f"n={self.n} is not supported: one choice per request (n=1)", "unsupported", "n")
+            raise APIError(
+                400, f"n={self.n} is not supported: one choice per request (n=1)", "unsupported", "n"
+            )
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", "unsupported", "logit_bias")
 
@@ -64,10 +70,16 @@ class CompletionRequest(SamplingFields):
             raise APIError(400, "best_of is not supported (use best_of=1)", "unsupported", "best_of")
         if self.suffix:
             raise APIError(400, "suffix (fill-in-the-middle) is not supported", "unsupported", "suffix")
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str | list):
-            if len(self.prompt) != 1:
-                raise APIError(400, "send one prompt per request (a list of prompts is not supported)",
-                               "unsupported", "prompt")  # fmt: skip
+        many = (
+            isinstance(self.prompt, list) and len(self.prompt) > 1 and isinstance(self.prompt[0], str | list)
+        )
+        if many:
+            raise APIError(
+                400,
+                "send one prompt per request (a list of prompts is not supported)",
+                "unsupported",
+                "prompt",
+            )
 
 
 class TextPart(_Strict):
@@ -101,8 +113,9 @@ class ChatRequest(SamplingFields):
         if self.tools:
             raise APIError(400, "tools (function calling) are not supported", "unsupported", "tools")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise APIError(400, "response_format other than text is not supported", "unsupported",
-                           "response_format")  # fmt: skip
+            raise APIError(
+                400, "response_format other than text is not supported", "unsupported", "response_format"
+            )
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs requires logprobs=true", "invalid_value", "top_logprobs")
 
@@ -134,16 +147,25 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "constrained-str"}
 
 
-def _param(e: ValidationError) -> str | None:
+def _most_specific(e: ValidationError) -> Any:
+    """The error to report. For a union, pydantic lists one error per member; a member whose type matched
+    but whose constraint failed (too long, too small, not one of the allowed values) says what to fix."""
     errs = e.errors()
-    return _field_path(errs[0]["loc"]) or None if errs else None
+    if not errs:
+        return None
+    specific = [x for x in errs if not x["type"].endswith("_type") and x["type"] != "missing"]
+    return (specific or errs)[0]
+
+
+def _param(e: ValidationError) -> str | None:
+    first = _most_specific(e)
+    return (_field_path(first["loc"]) or None) if first else None
 
 
 def describe(e: ValidationError) -> str:
-    errs = e.errors()
-    if not errs:
+    first = _most_specific(e)
+    if first is None:
         return "invalid request body"
-    first = errs[0]
     if first["type"] == "json_invalid":
         return f"the body is not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}"
     if first["type"] == "model_type" and not first["loc"]:

@@ -1,0 +1,153 @@
+"""Throughput of `llamacy serve` with many streaming clients vs one.
+
+    python benchmarks/bench_server.py [--model PATH] [--clients 8] [--tokens 64] [--threads N]
+
+Starts `llamacy serve --parallel CLIENTS` on a free loopback port, warms it up, then measures:
+  1. one streaming client generating --tokens tokens (alone on the server),
+  2. CLIENTS streaming clients at once, each generating --tokens tokens.
+Generated tokens per second = all completion tokens / wall time from the first request to the last
+[DONE]. Batching shares each weight read across the sequences of a step, so (2) should be several times
+(1); the target is >= 3x with 8 clients. Every request uses ignore_eos, so each makes exactly --tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+
+PROMPTS = [
+    "Once upon a time, in a small village by the sea,",
+    "The history of the Roman Empire begins with",
+    "Here is a recipe for a simple tomato soup:",
+    "The three laws of thermodynamics state that",
+    "In computer science, a hash table is",
+    "My favourite season of the year is autumn, because",
+    "The quick brown fox jumps over the lazy dog. Then",
+    "To learn a new language quickly, you should",
+]
+
+
+@dataclass
+class Run:
+    tokens: int
+    ttft_s: float  # time to the first generated text
+    total_s: float
+
+
+def stream_one(url: str, prompt: str, n_tokens: int, seed: int) -> Run:
+    body = {
+        "prompt": prompt,
+        "max_tokens": n_tokens,
+        "temperature": 0.8,
+        "seed": seed,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    tokens = 0
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk["choices"][0]["text"]:
+                ttft = time.perf_counter() - t0
+            if "usage" in chunk:
+                tokens = chunk["usage"]["completion_tokens"]
+    return Run(tokens, ttft or 0.0, time.perf_counter() - t0)
+
+
+def measure(url: str, clients: int, n_tokens: int, seed0: int) -> tuple[float, list[Run]]:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        runs = list(
+            pool.map(
+                lambda i: stream_one(url, PROMPTS[i % len(PROMPTS)], n_tokens, seed0 + i), range(clients)
+            )
+        )
+    wall = time.perf_counter() - t0
+    return sum(r.tokens for r in runs) / wall, runs
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "llamacy",
+        "serve",
+        "--port",
+        "0",
+        "--parallel",
+        str(args.clients),
+        "--ctx-size",
+        str(args.ctx_size),
+    ]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    env = {k: v for k, v in os.environ.items() if k != "LLAMACY_API_KEY"}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stderr.readline()
+    if " at http" not in line:
+        proc.kill()
+        sys.exit(f"the server did not start: {line}{proc.stderr.read()}")
+    # Keep draining stderr so that the server never blocks on a full pipe.
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc, line.split(" at ")[1].split()[0].removesuffix("/v1")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--model", "-m", default=None, help="GGUF file or known name (default: the default model)"
+    )
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens each client generates")
+    ap.add_argument("--threads", "-t", type=int, default=None)
+    ap.add_argument("--ctx-size", type=int, default=512)
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="measure each case this many times, report the best"
+    )
+    args = ap.parse_args()
+
+    proc, url = start_server(args)
+    try:
+        stream_one(url, "Warm-up", 8, 0)
+        single = max(measure(url, 1, args.tokens, 100) for _ in range(args.repeat))[0]
+        best = max(
+            (measure(url, args.clients, args.tokens, 200) for _ in range(args.repeat)), key=lambda m: m[0]
+        )
+        many, runs = best
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    ttft = statistics.median(r.ttft_s for r in runs)
+    per_client = statistics.median(r.tokens / r.total_s for r in runs)
+    print(f"model: {args.model or 'default'}  threads: {args.threads or 'all'}  tokens/client: {args.tokens}")
+    print(f"1 client:  {single:8.1f} generated tokens/s")
+    print(
+        f"{args.clients} clients: {many:8.1f} generated tokens/s  (per client {per_client:.1f} tok/s, "
+        f"median time to first token {ttft * 1000:.0f} ms)"
+    )
+    print(f"speed-up: {many / single:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

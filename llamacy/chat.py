@@ -164,7 +164,9 @@ class ChatSession:
 
     def save(self, path: str | Path) -> None:
         try:
-            Path(path).write_text(json.dumps(self.messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+            Path(path).write_text(
+                json.dumps(self.messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8"
+            )
         except OSError as e:
             raise UsageError(f"cannot write {path}: {e.strerror}") from None
 

@@ -107,10 +107,17 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     # transformers' tojson: no HTML escaping (Jinja's own does it), non-ASCII kept as is, indent supported.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _environment() -> Any:
@@ -162,7 +169,9 @@ def choose_builtin(metadata: Mapping[str, Any], tokenizer: Any) -> tuple[str, st
 class ChatTemplate:
     """A model's chat format: render messages to prompt text, and know which tokens end a turn."""
 
-    def __init__(self, source: str, tokenizer: Any, name: str, builtin: bool = False, reason: str = "") -> None:
+    def __init__(
+        self, source: str, tokenizer: Any, name: str, builtin: bool = False, reason: str = ""
+    ) -> None:
         self.source = source
         self.tokenizer = tokenizer
         self.name = name
@@ -219,7 +228,9 @@ class ChatTemplate:
                 strings.append(text)
         return ids, strings
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
         """The prompt text for `messages` ([{"role": ..., "content": ...}]); with add_generation_prompt it ends
         where the assistant's reply begins. `extra` reaches the template (tools=..., date_string=...)."""
         context = {

@@ -189,7 +189,11 @@ def llamacy(*args: str, input: bytes | None = None, timeout: float = 300) -> sub
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("LLAMACY_DEBUG", None)
     return subprocess.run(
-        [sys.executable, "-m", "llamacy", "chat", *args], input=input, capture_output=True, timeout=timeout, env=env
+        [sys.executable, "-m", "llamacy", "chat", *args],
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        env=env,
     )
 
 
@@ -224,8 +228,37 @@ def test_pipe_errors_are_one_line_on_stderr(tiny_path, tmp_path):
     assert r.returncode == 2 and "cannot read chat template" in r.stderr.decode()
 
 
+def test_pipe_long_conversation_drops_old_turns_with_a_notice(tiny_path):
+    lines = "".join(f"question number {i} is about the capital of France\n" for i in range(8))
+    args = ("-m", str(tiny_path), "--temp", "0", "-n", "12", "-t", "1", "--system", "Be brief.")
+    r = llamacy(*args, input=lines.encode())
+    assert r.returncode == 0, r.stderr
+    notices = r.stderr.decode().splitlines()
+    assert notices and all("dropped the oldest" in n and "system prompt" in n for n in notices)
+    assert len(r.stdout.decode().split("\n\n")) == 8  # one reply per input line
+
+
+def test_plain_stream_and_markdown_blocks():
+    import io
+
+    from llamacy.cli.chat import PlainStream, _block_end
+
+    out = io.StringIO()
+    p = PlainStream(out)
+    for piece in ["\n", " Hello", " world", "\n\n", "  ", "again", "\n"]:
+        p.write(piece)
+    p.end()
+    assert out.getvalue() == "Hello world\n\n  again\n"
+    assert _block_end("para one\n\npara two") == len("para one\n\n")
+    assert _block_end("```\ncode\n\nmore code\n") is None  # a blank line inside a fence ends nothing
+    assert _block_end("```\ncode\n\n```\n\nafter") == len("```\ncode\n\n```\n\n")
+    assert _block_end("\n\nstart") is None
+
+
 def test_default_model_names_paris(default_model_path):
-    r = llamacy("-m", str(default_model_path), "--temp", "0", "-t", "2", input=b"Name the capital of France.\n")
+    r = llamacy(
+        "-m", str(default_model_path), "--temp", "0", "-t", "2", input=b"Name the capital of France.\n"
+    )
     assert r.returncode == 0, r.stderr
     assert r.stderr == b""
     assert "Paris" in r.stdout.decode()

@@ -243,7 +243,7 @@ def test_llama32_template_dates_and_tools(bpe, tmp_path):
         "Given the following functions, please respond with a JSON for a function call with its proper "
         "arguments that best answers the given prompt.\n\n"
         'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
-        'value}.Do not use variables.\n\n'
+        "value}.Do not use variables.\n\n"
         '{\n    "name": "now",\n    "description": "l\'heure à Paris"\n}\n\n'
         "Hi there<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -331,15 +331,16 @@ def test_builtin_choice_follows_the_vocabulary(bpe, spm):
     assert (tpl.name, tpl.builtin) == ("chatml", True)
     assert tpl.render(CONVERSATION[1:2]) == "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     # A non-Gemma architecture with Gemma's turn tokens still gets Gemma turns.
-    md, stok = spm
+    stok = spm[1]
     assert ChatTemplate.from_model({"general.architecture": "llama"}, stok).name == "gemma"
 
 
 def test_llama3_vocabulary_gets_the_llama3_builtin(bpe):
     from llamacy.chat_template import choose_builtin
 
-    class Llama3Vocab:  # the two header tokens are all the choice looks at
-        token_to_id = {"<|start_header_id|>": 1, "<|end_header_id|>": 2, "<|eot_id|>": 3}
+    class Llama3Vocab:  # the header and end-of-turn tokens are all the choice looks at
+        def __init__(self) -> None:
+            self.token_to_id = {"<|start_header_id|>": 1, "<|end_header_id|>": 2, "<|eot_id|>": 3}
 
     class Tok:
         vocab = Llama3Vocab()
@@ -385,7 +386,11 @@ def test_hf_features_loop_controls_tojson_generation_tags(bpe, tmp_path):
         "{{ {'a': [1, 2]} | tojson(indent=2) }}"
     )
     tpl = template(src, bpe[1], tmp_path)
-    messages = [{"role": "user", "content": "café <b>"}, {"role": "assistant", "content": "x"}, {"role": "user"}]
+    messages = [
+        {"role": "user", "content": "café <b>"},
+        {"role": "assistant", "content": "x"},
+        {"role": "user"},
+    ]
     assert tpl.render(messages) == (
         '{"role": "user", "content": "café <b>"};{"role": "assistant", "content": "x"};'
         '{\n  "a": [\n    1,\n    2\n  ]\n}'

@@ -82,10 +82,14 @@ def write_bpe_tokenizer(directory: Path, pre: str = "smollm") -> None:
     tok = Tokenizer(models.BPE(ignore_merges=pre == "llama3"))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre == "smollm")
     if pre == "smollm":
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
     else:
         regex = QWEN2_REGEX if pre == "qwen2" else LLAMA3_REGEX
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), "isolated"), byte_level])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(regex), "isolated"), byte_level]
+        )
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     trainer = trainers.BpeTrainer(
@@ -115,7 +119,10 @@ def write_spm_tokenizer(directory: Path) -> None:
         hard_vocab_limit=False, minloglevel=2,
     )  # fmt: skip
     (directory / "tokenizer.model").write_bytes(buf.getvalue())
-    decoder = {"4": {"content": "<start_of_turn>", "special": True}, "5": {"content": "<end_of_turn>", "special": True}}
+    decoder = {
+        "4": {"content": "<start_of_turn>", "special": True},
+        "5": {"content": "<end_of_turn>", "special": True},
+    }
     config = {
         "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
         "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA_TEMPLATE,
@@ -143,7 +150,9 @@ def save_safetensors(tensors: dict[str, np.ndarray], path: Path, dtype: str) -> 
     if dtype != "bf16":
         from safetensors.numpy import save_file
 
-        save_file({k: v.astype(np.float16 if dtype == "f16" else np.float32) for k, v in tensors.items()}, str(path))
+        save_file(
+            {k: v.astype(np.float16 if dtype == "f16" else np.float32) for k, v in tensors.items()}, str(path)
+        )
         return
     # safetensors' numpy API has no bfloat16: write the format by hand (u64 header size, JSON, data).
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -263,7 +272,9 @@ def write_hf_model(
         w[p + "mlp.down_proj.weight"] = linear(n_embd, n_ff)
     w["model.norm.weight"] = norm(n_embd)
     if not cfg.get("tie_word_embeddings", gemma):
-        w["lm_head.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
+        w["lm_head.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(
+            np.float32
+        )
 
     names = list(w)
     if shards == 1:
@@ -415,8 +426,8 @@ def test_hf_k_quant_mixture(tmp_path) -> None:
     # The weights exactly: each Hugging Face matrix rounded through its chosen type (our kernels are checked
     # against ggml's reference in test_quantize.py), against the numpy reference on the converted file.
     from gguf.quants import dequantize
-
     from llamacy.kernels.quantize import quantize
+
     from tests.reference.numpy_forward import reference_logits
 
     hf_to_gguf = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight"}
@@ -490,11 +501,14 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # GGUF -> GGUF requantization
 
-# Bounds on the relative RMS change of the logits (engine on the requantized file vs on the F32 source).
-REQUANT_BOUNDS = {"f16": 1e-3, "bf16": 6e-3, "q8_0": 0.02, "q5_1": 0.06, "q5_0": 0.06, "q4_1": 0.12,
-                  "q4_0": 0.12}  # fmt: skip
-REQUANT_BOUNDS_K = {"q6_k": 0.04, "q5_k_m": 0.06, "q5_k_s": 0.06, "q4_k_m": 0.12, "q4_k_s": 0.12,
-                    "q3_k_m": 0.25, "q3_k_l": 0.25, "q3_k_s": 0.3, "q2_k": 0.5}  # fmt: skip
+# Bounds on the relative RMS change of the logits, engine on the requantized file vs engine on the F32
+# source: measured values x ~1.4. Tiny random models pass each matrix's rounding error through to the logits
+# about 3-4x (Q8_0 weights: 0.5% RMS error -> 2.3% here, which includes the Q8 activations F32 files do not
+# use); test_requantized_bytes_are_the_reference_rounding checks the bytes themselves exactly.
+REQUANT_BOUNDS = {"f16": 0.001, "bf16": 0.0075, "q8_0": 0.033, "q5_1": 0.16, "q5_0": 0.2, "q4_1": 0.35,
+                  "q4_0": 0.37}  # fmt: skip
+REQUANT_BOUNDS_K = {"q6_k": 0.1, "q5_k_m": 0.21, "q5_k_s": 0.21, "q4_k_m": 0.41, "q4_k_s": 0.38,
+                    "q3_k_m": 0.62, "q3_k_l": 0.6, "q3_k_s": 0.82, "q2_k": 1.1}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -504,7 +518,9 @@ def f32_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf")
     return {
         "small": write_tiny_model(root / "small.gguf", "qwen2", wtype=QT.F32, seed=3),
-        "k": write_tiny_model(root / "k.gguf", "llama", wtype=QT.F32, n_embd=256, n_ff=512, head_dim=64, seed=4),
+        "k": write_tiny_model(
+            root / "k.gguf", "llama", wtype=QT.F32, n_embd=256, n_ff=512, head_dim=64, seed=4
+        ),
     }
 
 
@@ -546,11 +562,31 @@ def test_requantize_metadata_and_copies(f32_models, tmp_path) -> None:
         assert np.array_equal(c.tensors[name].data, t.data), name
 
 
+@pytest.mark.parametrize("qtype", ["q4_k_m", "q5_0", "bf16"])
+def test_requantized_bytes_are_the_reference_rounding(f32_models, tmp_path, qtype: str) -> None:
+    from gguf.quants import quantize as gguf_quantize
+    from llamacy.kernels.quantize import quantize
+
+    src = f32_models["k"]
+    out = tmp_path / "o.gguf"
+    convert(src, out, qtype)
+    a, b = GGUFFile(src), GGUFFile(out)
+    for name, t in b.tensors.items():
+        values = a.tensors[name].data.view(np.float32).reshape(a.tensors[name].shape)
+        if t.type in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.F32):
+            want = quantize(
+                t.type, values
+            )  # K-quants: our kernels (bit-exact with the port in test_quantize)
+        else:
+            want = gguf_quantize(values, QT(t.type))  # the gguf package's reference rounding
+        assert np.array_equal(t.data, want.view(np.uint8).reshape(-1)), name
+
+
 def test_requantize_from_quantized_source(tmp_path, tiny_model) -> None:
     src = tiny_model("gemma3", QT.Q4_K, n_embd=256, n_ff=512, head_dim=64)
     out = tmp_path / "q8.gguf"
     convert(src, out, "q8_0")
-    assert rel_rms(engine_logits(out, IDS), engine_logits(src, IDS)) < 0.02
+    assert rel_rms(engine_logits(out, IDS), engine_logits(src, IDS)) < 0.07  # measured 0.05
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -573,7 +609,9 @@ def _specs(n_layer: int, n_embd: int = 4096, n_ff: int = 11008, tied: bool = Fal
 
 def _types(specs: list[TensorSpec], name: str, **kw: Any) -> dict[str, str]:
     facts = ModelFacts("llama", kw.pop("n_layer", 32), 32, kw.pop("n_head_kv", 32))
-    return {s.name: QT(t).name for s, t in zip(specs, choose_types(specs, target(name), facts, **kw), strict=True)}
+    return {
+        s.name: QT(t).name for s, t in zip(specs, choose_types(specs, target(name), facts, **kw), strict=True)
+    }
 
 
 def test_mixture_rules_q4_k_m_on_a_32_layer_model() -> None:
@@ -647,7 +685,7 @@ def test_errors(hf_models, tmp_path) -> None:
         convert(hf_models["llama"].path, tmp_path / "nodir" / "o.gguf", "f16")
     bad = tmp_path / "bad"
     bad.mkdir()
-    with pytest.raises(UsageError, match="no config.json"):
+    with pytest.raises(UsageError, match=r"no config\.json"):
         convert(bad, out, "f16")
     (bad / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "hidden_size": 8}))
     with pytest.raises(UnsupportedModelError, match="MambaForCausalLM is not supported"):
@@ -663,11 +701,13 @@ def test_checkpoint_problems(tmp_path) -> None:
     model = write_hf_model(tmp_path / "m", "qwen3", shards=2)
     cfg = dict(model.config, intermediate_size=96)
     (model.path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UsageError, match=r"gate_proj.weight has shape \[128, 64\], config.json implies \[96, 64\]"):
+    with pytest.raises(
+        UsageError, match=r"mlp.(gate|up)_proj.weight has shape \[128, 64\], config.json implies \[96, 64\]"
+    ):
         convert(model.path, out, "q8_0")
     (model.path / "config.json").write_text(json.dumps(model.config))
     (model.path / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(UsageError, match="shard model-00002-of-00002.safetensors .* is missing"):
+    with pytest.raises(UsageError, match=r"shard model-00002-of-00002\.safetensors .* is missing"):
         convert(model.path, out, "q8_0")
     (model.path / "tokenizer.json").unlink()
     (model.path / "model.safetensors.index.json").unlink()
@@ -703,7 +743,12 @@ def test_cli(f32_models, tmp_path) -> None:
     r = _llamacy("convert", str(f32_models["small"]), "-o", str(out), "--type", "q4_k_m", "-t", "1")
     assert r.returncode == 0, r.stderr
     line = r.stdout.decode().strip()
-    assert line.startswith(f"wrote {out}: ") and " tensors (" in line and " MiB → " in line and line.endswith(" s")
+    assert (
+        line.startswith(f"wrote {out}: ")
+        and " tensors (" in line
+        and " MiB → " in line
+        and line.endswith(" s")
+    )
     assert r.stderr == b""  # no progress bar outside a terminal
     assert GGUFFile(out).metadata["general.file_type"] == LlamaFileType.MOSTLY_Q4_K_M
 

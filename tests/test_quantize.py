@@ -1,3 +1,4 @@
+# ruff: noqa: E741 - the K-quant port below keeps ggml's variable names (l, L) to stay checkable line by line
 """Weight quantization kernels (llamacy.kernels.quantize) against independent oracles.
 
 - Legacy types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and BF16: bit-identical to gguf.quants.quantize, the numpy
@@ -147,7 +148,7 @@ def fp16_value(bits: int) -> np.float32:
     return f32(np.array(bits, dtype=np.uint16).view(np.float16))
 
 
-def make_qkx2_quants(n, nmax, x, weights, L, rmin, rdelta, nstep, use_mad):  # noqa: PLR0913
+def make_qkx2_quants(n, nmax, x, weights, L, rmin, rdelta, nstep, use_mad):
     mn, mx = x[0], x[0]
     sum_w = weights[0]
     sum_x = sum_w * x[0]
@@ -448,7 +449,10 @@ def q6_k_ref(xr: np.ndarray) -> bytes:
             ql[64 * h + l] = (L[j + l] & 0xF) | ((L[j + l + 64] & 0xF) << 4)
             ql[64 * h + l + 32] = (L[j + l + 32] & 0xF) | ((L[j + l + 96] & 0xF) << 4)
             qh[32 * h + l] = (
-                (L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6)
+                (L[j + l] >> 4)
+                | ((L[j + l + 32] >> 4) << 2)
+                | ((L[j + l + 64] >> 4) << 4)
+                | ((L[j + l + 96] >> 4) << 6)
             )
     return bytes(ql) + bytes(qh) + np.array(sc, dtype=np.int8).tobytes() + d.to_bytes(2, "little")
 

@@ -10,6 +10,7 @@ The conversation logic (history, KV reuse, overflow, save/load) is llamacy.chat.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -38,7 +39,7 @@ CONTINUE = "\001\033[2m\002.\001\033[0m\002 "
 
 
 class PlainStream:
-    """A reply as bare text: streamed and flushed, leading blanks dropped, ends with exactly one newline."""
+    """A reply as bare text: streamed and flushed, blanks around it dropped, ends with exactly one newline."""
 
     def __init__(self, out: Any) -> None:
         self.out = out
@@ -59,9 +60,8 @@ class PlainStream:
             self.out.flush()
 
     def end(self) -> None:
-        if self.started:
-            self.out.write("\n")
-            self.out.flush()
+        self.out.write("\n")  # an empty reply is an empty line: one line group per input line
+        self.out.flush()
 
 
 class MarkdownStream:
@@ -107,12 +107,33 @@ class MarkdownStream:
             self.live.start()
         now = time.monotonic()
         if final or now - self._last >= self.REFRESH_S:  # re-rendering per token would cost more than a token
-            self.live.update(Markdown(text.strip()), refresh=True)
+            self.live.update(_Trimmed(Markdown(text.strip())), refresh=True)
             self._last = now
         if final:
             self.live.stop()  # the last render shows the whole block
             self.live = None
             self.blocks += 1
+
+
+class _Trimmed:
+    """A renderable without blank lines at its top and bottom (Rich puts one above a list or a code block,
+    which would open every reply that starts with one)."""
+
+    def __init__(self, renderable: Any) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.segment import Segment
+
+        lines = console.render_lines(self.renderable, options, pad=False)
+        blank = lambda line: not "".join(seg.text for seg in line).strip()  # noqa: E731
+        while lines and blank(lines[0]):
+            lines.pop(0)
+        while lines and blank(lines[-1]):
+            lines.pop()
+        for line in lines:
+            yield from line
+            yield Segment.line()
 
 
 def _block_end(text: str) -> int | None:
@@ -147,11 +168,11 @@ class ChatUI:
 
     # ---- output -------------------------------------------------------------------------------------------
     def note(self, text: str) -> None:
-        self.notes.print(text, style="dim", markup=False)
+        self.notes.print(text, style="dim", markup=False, soft_wrap=True)  # one line, whatever the width
 
     def error(self, text: str) -> None:
         self.errors += 1
-        self.notes.print(f"error: {text}", style="red", markup=False)
+        self.notes.print(f"error: {text}", style="red", markup=False, soft_wrap=True)
 
     # ---- input --------------------------------------------------------------------------------------------
     def _readline(self, prompt: str) -> str:
@@ -204,10 +225,8 @@ class ChatUI:
         base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
         self._history_file = Path(base) / "llamacy" / "chat_history"
         readline.set_history_length(1000)
-        try:
+        with contextlib.suppress(OSError):  # no history yet
             readline.read_history_file(self._history_file)
-        except OSError:
-            pass
 
     def _save_readline(self) -> None:
         if self._history_file is None:
@@ -269,15 +288,13 @@ class ChatUI:
             return
         if turn.dropped:
             self.note(
-                f"(the conversation outgrew the context of {s.n_ctx} tokens: the oldest {turn.dropped} "
-                f"message{'s' if turn.dropped != 1 else ''} were dropped, the rest is read again)"
+                f"(context of {s.n_ctx} tokens full: dropped the oldest {turn.dropped} "
+                f"message{'s' if turn.dropped != 1 else ''}; "
+                f"{'the system prompt and the rest are' if s.system else 'the rest is'} kept)"
             )
-        if self.markdown:
-            stream: Any = MarkdownStream(self.out)
-        else:
-            if self.replies:
-                sys.stdout.write("\n")  # a blank line between replies
-            stream = PlainStream(sys.stdout)
+        if self.replies and not self.interactive:  # a blank line between replies (a terminal has the prompt)
+            sys.stdout.write("\n")
+        stream: Any = MarkdownStream(self.out) if self.markdown else PlainStream(sys.stdout)
         self.replies += 1
         pieces = iter(turn)
         try:
@@ -308,6 +325,8 @@ class ChatUI:
             if st.gen_tokens:
                 parts.append(f"{st.gen_tps:.1f} tok/s")
         parts.append(f"context {s.context_used}/{s.n_ctx}")
+        if turn.dropped and st is not None:
+            parts.append(f"{st.prompt_evaluated} tokens read again after the drop")
         if turn.finish_reason == "interrupted":
             parts.append("interrupted" + ("; the partial reply is kept" if turn.text else ""))
         elif turn.finish_reason == "length":
@@ -386,7 +405,9 @@ def chat(
     chat_template: Path = typer.Option(
         None, "--chat-template", help="A Jinja chat template file, instead of the model's own."
     ),
-    predict: int = typer.Option(-1, "--predict", "-n", help="Tokens per reply at most; -1 = until the model stops."),
+    predict: int = typer.Option(
+        -1, "--predict", "-n", help="Tokens per reply at most; -1 = until the model stops."
+    ),
     ctx_size: int = opt.CTX,
     threads: int = opt.THREADS,
     temp: float = opt.TEMP,
@@ -405,6 +426,8 @@ def chat(
     )
     interactive = sys.stdin.isatty()
     markdown = sys.stdout.isatty()
+    if not interactive:  # invalid UTF-8 in piped input becomes U+FFFD, as in `llamacy run`
+        sys.stdin.reconfigure(errors="replace")
 
     from llamacy.chat import ChatSession
     from llamacy.chat_template import ChatTemplate

@@ -14,7 +14,9 @@ _TYPES = "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, q6_k, q5_k_m, q5_k_s, q4
 
 def convert(
     src: Path = typer.Argument(..., help="A Hugging Face model directory (safetensors) or a GGUF file."),
-    output: Path = typer.Option(..., "--output", "-o", help="The GGUF file to write (replaced if it exists)."),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="The GGUF file to write (replaced if it exists)."
+    ),
     qtype: str = typer.Option(
         ...,
         "--type",

@@ -22,7 +22,12 @@ from llamacy.errors import UnsupportedModelError
 from llamacy.ggml_types import COMPUTE_TYPES
 from llamacy.gguf import GGUFFile, GGUFTensor
 
-_DROPPED_KEYS = ("general.architecture", "general.alignment", "general.file_type", "general.quantization_version")
+_DROPPED_KEYS = (
+    "general.architecture",
+    "general.alignment",
+    "general.file_type",
+    "general.quantization_version",
+)
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 

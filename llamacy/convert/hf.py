@@ -18,6 +18,7 @@ than converted into a file that would compute something else.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -68,21 +69,25 @@ class ArchSpec:
     check: Callable[[HFConfig], None] = field(default=lambda c: None)
 
 
-@dataclass
 class HFConfig:
-    """config.json, with the derived hyper-parameters."""
+    """config.json, with the hyper-parameters every architecture has checked up front."""
 
-    path: Path
-    raw: dict[str, Any]
+    def __init__(self, path: Path, raw: dict[str, Any]) -> None:
+        self.path = path
+        self.raw = raw
+        self.n_embd = self.positive("hidden_size")
+        self.n_layer = self.positive("num_hidden_layers")
+        self.n_head = self.positive("num_attention_heads")
+        self.n_head_kv = self.positive("num_key_value_heads", self.n_head)
+        self.n_ff = self.positive("intermediate_size")
+        self.n_vocab = self.positive("vocab_size")
+        self.head_dim = self.positive("head_dim", self.n_embd // self.n_head)
+        if self.n_head % self.n_head_kv:
+            raise UsageError(f"{path}: {self.n_head} heads do not split into {self.n_head_kv} KV groups")
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.raw.get(key, default)
         return default if value is None else value
-
-    def need(self, key: str) -> Any:
-        if self.raw.get(key) is None:
-            raise UsageError(f"{self.path}: {key} is missing")
-        return self.raw[key]
 
     def positive(self, key: str, default: int | None = None) -> int:
         value = self.get(key, default)
@@ -92,36 +97,30 @@ class HFConfig:
             raise UsageError(f"{self.path}: {key} must be a positive integer, got {value!r}")
         return value
 
-    def __post_init__(self) -> None:
-        self.n_embd = self.positive("hidden_size")
-        self.n_layer = self.positive("num_hidden_layers")
-        self.n_head = self.positive("num_attention_heads")
-        self.n_head_kv = self.positive("num_key_value_heads", self.n_head)
-        self.n_ff = self.positive("intermediate_size")
-        self.n_vocab = self.positive("vocab_size")
-        self.head_dim = self.positive("head_dim", self.n_embd // self.n_head)
-        if self.n_head % self.n_head_kv:
-            raise UsageError(f"{self.path}: {self.n_head} heads do not split into {self.n_head_kv} KV groups")
-
-    def rope_params(self) -> dict[str, Any]:
-        """RoPE settings of the global layers: transformers < 5 has rope_theta + rope_scaling, 5 has
-        rope_parameters (per layer type for Gemma 3)."""
+    def rope(self) -> tuple[float | None, dict[str, Any]]:
+        """(rope_theta, scaling settings) of the global layers. transformers < 5 writes rope_theta and
+        rope_scaling; 5 writes rope_parameters (one entry per layer type for Gemma 3)."""
         params = self.get("rope_parameters", {})
         params = params.get("full_attention", params)
         scaling = self.get("rope_scaling", {}) or params
-        return {"theta": params.get("rope_theta", self.raw.get("rope_theta")), "scaling": scaling}
+        return params.get("rope_theta", self.raw.get("rope_theta")), scaling
+
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope()[1]
+        return str(scaling.get("rope_type", scaling.get("type", "default")) or "default")
 
 
-def _rope_type(scaling: dict[str, Any]) -> str:
-    return str(scaling.get("rope_type", scaling.get("type", "default")) or "default")
+def _check_rope(c: HFConfig, allowed: tuple[str, ...]) -> None:
+    if c.rope_type not in allowed:
+        raise UnsupportedModelError(f"{c.path}: RoPE scaling {c.rope_type!r} is not supported")
 
 
 def _check_llama(c: HFConfig) -> None:
     if c.get("attention_bias", False) or c.get("mlp_bias", False):
         raise UnsupportedModelError(f"{c.path}: llama with attention/MLP biases is not supported")
     _check_act(c, "hidden_act", "silu")
-    if _rope_type(c.rope_params()["scaling"]) not in ("default", "linear", "llama3"):
-        raise UnsupportedModelError(f"{c.path}: RoPE scaling {_rope_type(c.rope_params()['scaling'])!r} is not supported")
+    _check_rope(c, ("default", "linear", "llama3"))
 
 
 def _check_qwen(c: HFConfig) -> None:
@@ -130,8 +129,7 @@ def _check_qwen(c: HFConfig) -> None:
     if c.get("attention_bias", False) and c.get("model_type") == "qwen3":
         raise UnsupportedModelError(f"{c.path}: qwen3 with attention biases is not supported")
     _check_act(c, "hidden_act", "silu")
-    if _rope_type(c.rope_params()["scaling"]) not in ("default", "linear"):
-        raise UnsupportedModelError(f"{c.path}: RoPE scaling {_rope_type(c.rope_params()['scaling'])!r} is not supported")
+    _check_rope(c, ("default", "linear"))
 
 
 def _check_gemma3(c: HFConfig) -> None:
@@ -142,19 +140,21 @@ def _check_gemma3(c: HFConfig) -> None:
     expected = c.n_embd / c.n_head if c.n_layer == 62 else c.head_dim
     scalar = c.get("query_pre_attn_scalar", expected)
     if not math.isclose(float(scalar), float(expected)):
-        raise UnsupportedModelError(f"{c.path}: query_pre_attn_scalar {scalar} (llama.cpp assumes {expected:g})")
+        raise UnsupportedModelError(
+            f"{c.path}: query_pre_attn_scalar {scalar} (llama.cpp assumes {expected:g})"
+        )
     # llama.cpp: every 6th layer global, the others sliding-window.
-    pattern = [i % 6 < 5 for i in range(c.n_layer)]
     layer_types = c.get("layer_types")
     if layer_types is not None:
         sliding = [t == "sliding_attention" for t in layer_types]
     else:
         period = int(c.get("sliding_window_pattern", 6))
         sliding = [(i + 1) % period != 0 for i in range(c.n_layer)]
-    if c.get("sliding_window") is not None and sliding != pattern:
-        raise UnsupportedModelError(f"{c.path}: sliding-window layers other than every 6th global are not supported")
-    if _rope_type(c.rope_params()["scaling"]) not in ("default", "linear"):
-        raise UnsupportedModelError(f"{c.path}: RoPE scaling {_rope_type(c.rope_params()['scaling'])!r} is not supported")
+    if c.get("sliding_window") is not None and sliding != [i % 6 < 5 for i in range(c.n_layer)]:
+        raise UnsupportedModelError(
+            f"{c.path}: sliding-window layers other than every 6th global are not supported"
+        )
+    _check_rope(c, ("default", "linear"))
 
 
 def _check_act(c: HFConfig, key: str, expected: str, fallback_key: str | None = None) -> None:
@@ -200,8 +200,6 @@ def load_config(directory: Path) -> tuple[HFConfig, ArchSpec]:
     path = directory / "config.json"
     if not path.is_file():
         raise UsageError(f"{directory}: no config.json (not a Hugging Face model directory)")
-    import json
-
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -244,9 +242,22 @@ class HFSource(Source):
         if m and m.group(2) in self.spec.layer_map:
             layer = int(m.group(1))
             if layer >= self.config.n_layer:
-                raise UsageError(f"{self.path}: tensor {hf_name} is past num_hidden_layers={self.config.n_layer}")
+                raise UsageError(
+                    f"{self.path}: tensor {hf_name} is past num_hidden_layers={self.config.n_layer}"
+                )
             return f"blk.{layer}.{self.spec.layer_map[m.group(2)]}"
-        raise UnsupportedModelError(f"{self.path}: tensor {hf_name!r} has no place in a GGUF {self.spec.arch} model")
+        raise UnsupportedModelError(
+            f"{self.path}: tensor {hf_name!r} has no place in a GGUF {self.spec.arch} model"
+        )
+
+    def _hf_name(self, gguf_name: str) -> str:
+        """The checkpoint name a GGUF tensor comes from (for messages)."""
+        for hf, gguf in _GLOBAL.items():
+            if gguf == gguf_name:
+                return hf
+        layer, _, suffix = gguf_name.removeprefix("blk.").partition(".")
+        hf_suffix = next((k for k, v in self.spec.layer_map.items() if v == suffix), suffix)
+        return f"model.layers.{layer}.{hf_suffix}"
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         c = self.config
@@ -294,8 +305,9 @@ class HFSource(Source):
             found[name] = hf_name
         missing = [n for n in expected if n not in found]
         if missing:
-            hf = {v: k for k, v in _GLOBAL.items()}.get(missing[0], missing[0])
-            raise UsageError(f"{self.path}: the checkpoint lacks {len(missing)} tensors (first: {hf})")
+            raise UsageError(
+                f"{self.path}: the checkpoint lacks {len(missing)} tensors (first: {self._hf_name(missing[0])})"
+            )
         tensors = [self._tensor(name, found[name]) for name in expected]
         freqs = self._rope_freqs()
         if freqs is not None:
@@ -305,7 +317,9 @@ class HFSource(Source):
     def _tensor(self, name: str, hf_name: str) -> SourceTensor:
         ct = self.checkpoint.tensors[hf_name]
         shape = ct.shape
-        src_type = {"F32": GGMLType.F32, "F16": GGMLType.F16, "BF16": GGMLType.BF16}.get(ct.dtype, GGMLType.F32)
+        src_type = {"F32": GGMLType.F32, "F16": GGMLType.F16, "BF16": GGMLType.BF16}.get(
+            ct.dtype, GGMLType.F32
+        )
         c = self.config
         transform: Callable[[np.ndarray], np.ndarray] | None = None
         if self.spec.permute_qk and name.endswith(("attn_q.weight", "attn_k.weight")):
@@ -315,25 +329,21 @@ class HFSource(Source):
             transform = lambda w: w + np.float32(1.0)  # noqa: E731
 
         def read_rows(start: int, stop: int) -> np.ndarray:
-            if len(shape) == 1:
-                w = self.checkpoint.read(hf_name).reshape(1, -1)
-            elif transform is not None and self.spec.permute_qk:
-                w = self.checkpoint.read(hf_name)  # permuting moves rows: read it whole
-            else:
+            if transform is None and len(shape) > 1:
                 return self.checkpoint.read(hf_name, slice(start, stop))
-            w = transform(w) if transform is not None else w
-            return w[start:stop]
+            # A 1-D tensor is one row; the Q/K permutation moves rows: read those whole.
+            w = self.checkpoint.read(hf_name).reshape(-1, shape[-1])
+            return (transform(w) if transform is not None else w)[start:stop]
 
         return SourceTensor(name, shape, int(src_type), ct.n_bytes, read_rows)
 
     def _rope_freqs(self) -> np.ndarray | None:
         """Llama 3.1-style RoPE scaling as per-dimension frequency divisors (convert_hf_to_gguf's
         LlamaModel.generate_extra_tensors)."""
-        rope = self.config.rope_params()
-        scaling = rope["scaling"]
-        if self.spec.arch != "llama" or _rope_type(scaling) != "llama3":
+        if self.spec.arch != "llama" or self.config.rope_type != "llama3":
             return None
-        base = float(rope["theta"] or self.spec.rope_theta_default)
+        theta, scaling = self.config.rope()
+        base = float(theta or self.spec.rope_theta_default)
         dim = self.config.head_dim
         freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
         factor = float(scaling.get("factor", 8.0))
@@ -372,17 +382,17 @@ class HFSource(Source):
         w.add_feed_forward_length(c.n_ff)
         w.add_head_count(c.n_head)
         w.add_head_count_kv(c.n_head_kv)
-        rope = c.rope_params()
-        w.add_rope_freq_base(float(rope["theta"] or self.spec.rope_theta_default))
+        theta, scaling = c.rope()
+        w.add_rope_freq_base(float(theta or self.spec.rope_theta_default))
         w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
         if arch == "llama":
             w.add_rope_dimension_count(c.head_dim)
         if "head_dim" in c.raw or arch == "gemma3":
             w.add_key_length(c.head_dim)
             w.add_value_length(c.head_dim)
-        if _rope_type(rope["scaling"]) == "linear":
+        if c.rope_type == "linear":
             w.add_rope_scaling_type(RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(float(rope["scaling"]["factor"]))
+            w.add_rope_scaling_factor(float(scaling["factor"]))
         if arch == "gemma3":
             self._gemma3_metadata(w)
         w.add_file_type(file_type)
@@ -392,7 +402,7 @@ class HFSource(Source):
     def _gemma3_metadata(self, w: GGUFWriter) -> None:
         c = self.config
         if c.get("sliding_window") is not None:
-            w.add_sliding_window(int(c.need("sliding_window")))
+            w.add_sliding_window(int(c.get("sliding_window")))
         local = c.get("rope_parameters", {}).get("sliding_attention", {}).get("rope_theta")
         local = local or c.get("rope_local_base_freq")
         if local is not None:
@@ -412,4 +422,6 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _array_tensor(name: str, values: np.ndarray) -> SourceTensor:
     data = np.ascontiguousarray(values, dtype=np.float32)
-    return SourceTensor(name, data.shape, int(GGMLType.F32), data.nbytes, lambda a, b: data.reshape(1, -1)[a:b])
+    return SourceTensor(
+        name, data.shape, int(GGMLType.F32), data.nbytes, lambda a, b: data.reshape(1, -1)[a:b]
+    )

@@ -96,7 +96,9 @@ def _add_sentencepiece(w: GGUFWriter, directory: Path, n_vocab: int) -> int:
     scores = [-10000.0] * n_vocab
     types = [int(TokenType.UNUSED)] * n_vocab
     if sp.vocab_size() > n_vocab:
-        log.warning("%s has %d pieces, the model only %d rows: the rest are dropped", path, sp.vocab_size(), n_vocab)
+        log.warning(
+            "%s has %d pieces, the model only %d rows: the rest are dropped", path, sp.vocab_size(), n_vocab
+        )
     for i in range(min(sp.vocab_size(), n_vocab)):
         tokens[i] = sp.IdToPiece(i)
         scores[i] = sp.GetScore(i)
@@ -145,7 +147,13 @@ def _add_bpe(w: GGUFWriter, directory: Path, n_vocab: int) -> int:
     data = _read_json(path)
     model = data.get("model") or {}
     if model.get("type") != "BPE":
-        raise UnsupportedModelError(f"{path}: tokenizer model {model.get('type')!r} is not supported (BPE only)")
+        raise UnsupportedModelError(
+            f"{path}: tokenizer model {model.get('type')!r} is not supported (BPE only)"
+        )
+    if model.get("byte_fallback") or "Metaspace" in json.dumps(data.get("pre_tokenizer")):
+        # A SentencePiece vocabulary exported to tokenizer.json (Llama 2, TinyLlama): convert_hf_to_gguf reads
+        # those through transformers; we need the original tokenizer.model.
+        raise UnsupportedModelError(f"{path} is a SentencePiece-style tokenizer: tokenizer.model is needed")
     pre = bpe_pre_name(data, path)
     vocab: dict[str, int] = dict(model.get("vocab") or {})
     added = {int(a["id"]): a for a in data.get("added_tokens") or []}
@@ -183,7 +191,9 @@ def _add_bpe(w: GGUFWriter, directory: Path, n_vocab: int) -> int:
 def bpe_pre_name(tokenizer_json: dict[str, Any], path: Path | str = "tokenizer.json") -> str:
     """tokenizer.ggml.pre for a byte-level BPE tokenizer.json; UnsupportedModelError if unknown."""
     pre = tokenizer_json.get("pre_tokenizer")
-    steps = (pre.get("pretokenizers") or []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+    steps = (
+        (pre.get("pretokenizers") or []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+    )
     signature: list[tuple[Any, ...]] = []
     for step in steps:
         kind = step.get("type")

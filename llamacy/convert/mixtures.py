@@ -53,9 +53,13 @@ TARGETS: dict[str, Target] = {
         Target("q5_k_m", LlamaFileType.MOSTLY_Q5_K_M, T.Q5_K, "Q5_K, Q6_K on attn_v/ffn_down of some layers"),
         Target("q5_k_s", LlamaFileType.MOSTLY_Q5_K_S, T.Q5_K, "Q5_K"),
         Target("q4_k_m", LlamaFileType.MOSTLY_Q4_K_M, T.Q4_K, "Q4_K, Q6_K on attn_v/ffn_down of some layers"),
-        Target("q4_k_s", LlamaFileType.MOSTLY_Q4_K_S, T.Q4_K, "Q4_K, Q5_K on the first layers' attn_v/ffn_down"),
+        Target(
+            "q4_k_s", LlamaFileType.MOSTLY_Q4_K_S, T.Q4_K, "Q4_K, Q5_K on the first layers' attn_v/ffn_down"
+        ),
         Target("q3_k_l", LlamaFileType.MOSTLY_Q3_K_L, T.Q3_K, "Q3_K, Q5_K on attn_v/attn_output/ffn_down"),
-        Target("q3_k_m", LlamaFileType.MOSTLY_Q3_K_M, T.Q3_K, "Q3_K, Q4_K/Q5_K on attn_v/attn_output/ffn_down"),
+        Target(
+            "q3_k_m", LlamaFileType.MOSTLY_Q3_K_M, T.Q3_K, "Q3_K, Q4_K/Q5_K on attn_v/attn_output/ffn_down"
+        ),
         Target("q3_k_s", LlamaFileType.MOSTLY_Q3_K_S, T.Q3_K, "Q3_K"),
         Target("q2_k", LlamaFileType.MOSTLY_Q2_K, T.Q2_K, "Q2_K, Q3_K/Q4_K on attn_v/attn_output/ffn_down"),
     )
@@ -150,7 +154,9 @@ def _layer(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def choose_types(tensors: Sequence[TensorSpec], tgt: Target, facts: ModelFacts, pure: bool = False) -> list[int]:
+def choose_types(
+    tensors: Sequence[TensorSpec], tgt: Target, facts: ModelFacts, pure: bool = False
+) -> list[int]:
     """The GGML type of each tensor in the output file, in the order given."""
     ft = tgt.file_type
     tied = not any(t.name == "output.weight" for t in tensors)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llamacy.convert.mixtures import TensorSpec, Target, choose_types, target
+from llamacy.convert.mixtures import TensorSpec, choose_types, target
 from llamacy.convert.source import Source, SourceTensor
 from llamacy.convert.writer import OutputFile
 from llamacy.errors import UnsupportedModelError, UsageError
@@ -56,16 +56,16 @@ def open_source(path: Path) -> Source:
 def convert(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    type_name_: str,
+    qtype: str,
     *,
     pure: bool = False,
     threads: int | None = None,
     progress: Progress | None = None,
 ) -> Summary:
-    """Convert `src` (Hugging Face directory or GGUF file) to a GGUF file `out` of type `type_name_`."""
+    """Convert `src` (Hugging Face directory or GGUF file) to a GGUF file `out` of type `qtype`."""
     t0 = time.perf_counter()
     try:
-        tgt = target(type_name_)
+        tgt = target(qtype)
     except KeyError as e:
         raise UsageError(str(e.args[0])) from None
     src_path, out_path = Path(src), Path(out)
@@ -80,15 +80,22 @@ def convert(
             if not copied and ty not in QUANTIZE_TYPES:
                 raise UnsupportedModelError(f"{t.name}: cannot write type {type_name(ty)}")
             if not copied and t.type not in COMPUTE_TYPES:
-                raise UnsupportedModelError(f"{t.name}: cannot read type {type_name(t.type)} to requantize it")
+                raise UnsupportedModelError(
+                    f"{t.name}: cannot read type {type_name(t.type)} to requantize it"
+                )
         total = sum(t.n_elements for t in source.tensors)
         done = 0
         with OutputFile(out_path, source.facts.arch) as f:
             w = f.writer
             source.add_metadata(w, int(tgt.file_type))
             for t, ty in zip(source.tensors, types, strict=True):
-                w.add_tensor_info(t.name, _byte_shape(t, ty), np.dtype(np.uint8), _n_bytes(t, ty),
-                                  raw_dtype=GGMLQuantizationType(ty))
+                w.add_tensor_info(
+                    t.name,
+                    _byte_shape(t, ty),
+                    np.dtype(np.uint8),
+                    _n_bytes(t, ty),
+                    raw_dtype=GGMLQuantizationType(ty),
+                )
             w.write_header_to_file()
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
@@ -127,7 +134,9 @@ def _row_bytes(t: SourceTensor, ty: int) -> int:
     try:
         return row_bytes(ty, t.shape[-1])
     except ValueError:
-        raise UsageError(f"{t.name}: rows of {t.shape[-1]} values do not fit {type_name(ty)} blocks") from None
+        raise UsageError(
+            f"{t.name}: rows of {t.shape[-1]} values do not fit {type_name(ty)} blocks"
+        ) from None
 
 
 def _byte_shape(t: SourceTensor, ty: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ say which file is broken.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import struct
@@ -56,7 +57,9 @@ class Checkpoint:
             listed = set(_weight_map(index))
             missing = sorted(listed - set(self.tensors))
             if missing:
-                raise UsageError(f"{index}: {len(missing)} listed tensors are in no shard (first: {missing[0]!r})")
+                raise UsageError(
+                    f"{index}: {len(missing)} listed tensors are in no shard (first: {missing[0]!r})"
+                )
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -96,10 +99,8 @@ class Checkpoint:
         self._handles.clear()
         maps, self._maps = self._maps, {}
         for mm, _ in maps.values():
-            try:
+            with contextlib.suppress(BufferError):  # a view handed out is alive; the mapping goes with it
                 mm.close()
-            except BufferError:  # a view handed out is still alive; the mapping goes with it
-                pass
 
 
 def _sliced(shape: tuple[int, ...], rows: slice | None) -> tuple[int, ...]:

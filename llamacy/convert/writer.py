@@ -42,7 +42,9 @@ class FastWriter(GGUFWriter):
     string arrays with numpy / one join. Everything else is the base class's.
     """
 
-    def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None) -> bytes:
+    def _pack_val(
+        self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None
+    ) -> bytes:
         if vtype != GGUFValueType.ARRAY or len(val) == 0:
             return super()._pack_val(val, vtype, add_vtype, sub_type)
         if sub_type is None:

@@ -92,7 +92,9 @@ def hf_logits(config: dict[str, Any], weights: dict[str, np.ndarray], ids: list[
 
     if gemma:
         layer_types = config.get("layer_types") or [
-            "full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+            "full_attention"
+            if (i + 1) % config.get("sliding_window_pattern", 6) == 0
+            else "sliding_attention"
             for i in range(n_layer)
         ]
         scale = config.get("query_pre_attn_scalar", head_dim) ** -0.5

@@ -158,6 +158,8 @@ class ChatSession:
         messages = check_messages(messages)
         if messages and messages[0]["role"] == "system":
             self._check_system(messages[0]["content"])
+        self.template.render(messages)  # a conversation the template refuses is refused now, not every turn
+        if messages and messages[0]["role"] == "system":
             self.system, messages = messages[0]["content"], messages[1:]
         self.history = messages
         self._forget()

@@ -209,7 +209,7 @@ def test_pipe_prints_only_the_replies(tiny_path, tiny_llm):
 
 def test_pipe_commands_and_multiline_input(tiny_path, tmp_path):
     f = tmp_path / "conv.json"
-    script = f'/system Be brief.\nfirst \\\nsecond\n"""\nthird\nfourth\n"""\n/save {f}\n'
+    script = f'/system Be brief.\nfirst \\\nsecond\n"""\nthird\nfourth\n"""\n/save {f}\n/system -\n/system\n'
     r = llamacy("-m", str(tiny_path), "--temp", "0", "-n", "3", "-t", "1", input=script.encode())
     assert r.returncode == 0, r.stderr
     messages = json.loads(f.read_text())
@@ -217,6 +217,7 @@ def test_pipe_commands_and_multiline_input(tiny_path, tmp_path):
     assert messages[0]["content"] == "Be brief."
     assert messages[1]["content"] == "first \nsecond"
     assert messages[3]["content"] == "third\nfourth"
+    assert r.stderr.decode().splitlines()[-2:] == ["(system prompt removed)", "(no system prompt)"]
 
 
 def test_pipe_errors_are_one_line_on_stderr(tiny_path, tmp_path):

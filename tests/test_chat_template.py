@@ -397,6 +397,13 @@ def test_hf_features_loop_controls_tojson_generation_tags(bpe, tmp_path):
     )
 
 
+def test_block_whitespace_is_trimmed_as_in_transformers(bpe, tmp_path):
+    # trim_blocks drops the newline after a block tag, lstrip_blocks the indentation before one.
+    src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
+    tpl = template(src, bpe[1], tmp_path)
+    assert tpl.render(CONVERSATION) == "[Hi there]\n[Name the capital of France.]\n"
+
+
 def test_templates_are_sandboxed(bpe, tmp_path):
     escape = template("{{ ''.__class__.__mro__[1].__subclasses__() }}", bpe[1], tmp_path)
     with pytest.raises(ChatTemplateError):

@@ -67,7 +67,8 @@ class PlainStream:
 class MarkdownStream:
     """A reply rendered as Markdown while it streams. Each finished block (text up to a blank line outside a
     code fence) is printed for good; only the block being written is live, so a long reply never asks the
-    terminal to redraw more than one screen."""
+    terminal to redraw more than one block (a block taller than the screen shows its top, then all of it once
+    complete)."""
 
     REFRESH_S = 0.05
 

@@ -406,6 +406,188 @@ cdef inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* 
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The same scale searches for 8 sub-blocks at once (the speed path).
+#
+# The scalar searches are latency-bound chains of float additions that cannot be reordered without changing
+# the result. Independent sub-blocks can run side by side, though: lane k below is sub-block k, and every
+# lane performs exactly the scalar function's float operations in the same order, with its branches turned
+# into selects. Results are therefore bit-identical (tests/test_quantize.py compares both paths), and each
+# `for k in range(LANES)` loop over a transposed [value][lane] array compiles to one AVX2 operation.
+
+cdef enum:
+    LANES = 8
+
+
+cdef void make_qkx2_quants_x8(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                              float* scale_out, float* min_out, float rmin, float rdelta, int nstep,
+                              bint use_mad) noexcept nogil:
+    """make_qkx2_quants on the 8 sub-blocks x[k*n : (k+1)*n] (n <= 32); L, scale_out, min_out per lane."""
+    cdef float X[32 * LANES]
+    cdef float W[32 * LANES]
+    cdef int32_t Lq[32 * LANES]
+    cdef int32_t La[32 * LANES]
+    cdef float mn[LANES]
+    cdef float mn0[LANES]
+    cdef float mx[LANES]
+    cdef float span[LANES]
+    cdef float sum_w[LANES]
+    cdef float sum_x[LANES]
+    cdef float iscale[LANES]
+    cdef float scale[LANES]
+    cdef float best[LANES]
+    cdef float sum_l[LANES]
+    cdef float sum_l2[LANES]
+    cdef float sum_xl[LANES]
+    cdef float D[LANES]
+    cdef float ts[LANES]
+    cdef float tm[LANES]
+    cdef float err[LANES]
+    cdef int32_t upd[LANES]
+    cdef int i, k, l, step
+    cdef float v, w, diff, num
+    for i in range(n):
+        for k in range(LANES):
+            X[i * LANES + k] = x[k * n + i]
+            W[i * LANES + k] = weights[k * n + i]
+    for k in range(LANES):
+        mn[k] = X[k]
+        mx[k] = X[k]
+        sum_w[k] = W[k]
+        sum_x[k] = sum_w[k] * X[k]
+    for i in range(1, n):
+        for k in range(LANES):
+            v = X[i * LANES + k]
+            mn[k] = v if v < mn[k] else mn[k]
+            mx[k] = v if v > mx[k] else mx[k]
+            sum_w[k] += W[i * LANES + k]
+            sum_x[k] += W[i * LANES + k] * v
+    for k in range(LANES):
+        mn[k] = <float>0.0 if mn[k] > 0 else mn[k]
+        mn0[k] = mn[k]
+        span[k] = mx[k] - mn[k]  # 0: a flat sub-block, finished below as the scalar code returns early
+        iscale[k] = nmax / span[k]
+        scale[k] = <float>1.0 / iscale[k]
+        best[k] = 0
+    for i in range(n):
+        for k in range(LANES):
+            l = imax(0, imin(nmax, nearest_int(iscale[k] * (X[i * LANES + k] - mn[k]))))
+            Lq[i * LANES + k] = l
+            diff = scale[k] * l + mn[k] - X[i * LANES + k]
+            diff = fabsf(diff) if use_mad else diff * diff
+            best[k] += W[i * LANES + k] * diff
+    if nstep >= 1:
+        for step in range(nstep + 1):
+            num = rmin + rdelta * step + nmax
+            for k in range(LANES):
+                iscale[k] = num / (mx[k] - mn[k])  # mn moves with each improvement, as in ggml
+                sum_l[k] = 0
+                sum_l2[k] = 0
+                sum_xl[k] = 0
+            for i in range(n):
+                for k in range(LANES):
+                    l = imax(0, imin(nmax, nearest_int(iscale[k] * (X[i * LANES + k] - mn[k]))))
+                    La[i * LANES + k] = l
+                    w = W[i * LANES + k]
+                    sum_l[k] += w * l
+                    sum_l2[k] += w * l * l
+                    sum_xl[k] += w * l * X[i * LANES + k]
+            for k in range(LANES):
+                D[k] = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k]
+                ts[k] = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / D[k]
+                tm[k] = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / D[k]
+                ts[k] = sum_xl[k] / sum_l2[k] if tm[k] > 0 else ts[k]
+                tm[k] = <float>0.0 if tm[k] > 0 else tm[k]
+                err[k] = 0
+            for i in range(n):
+                for k in range(LANES):
+                    diff = ts[k] * La[i * LANES + k] + tm[k] - X[i * LANES + k]
+                    diff = fabsf(diff) if use_mad else diff * diff
+                    err[k] += W[i * LANES + k] * diff
+            for k in range(LANES):
+                upd[k] = D[k] > 0 and err[k] < best[k]
+                best[k] = err[k] if upd[k] else best[k]
+                scale[k] = ts[k] if upd[k] else scale[k]
+                mn[k] = tm[k] if upd[k] else mn[k]
+            for i in range(n):
+                for k in range(LANES):
+                    Lq[i * LANES + k] = La[i * LANES + k] if upd[k] else Lq[i * LANES + k]
+    for k in range(LANES):
+        if span[k] == 0:
+            scale_out[k] = 0
+            min_out[k] = -mn0[k]
+        else:
+            scale_out[k] = scale[k]
+            min_out[k] = -mn[k]
+        for i in range(n):
+            L[k * n + i] = <uint8_t>(0 if span[k] == 0 else Lq[i * LANES + k])
+
+
+cdef void make_qx_quants_x8(int n, int nmax, const float* x, int8_t* L, float* scale_out) noexcept nogil:
+    """make_qx_quants(rmse_type=1, no weights) on the 8 sub-blocks x[k*n : (k+1)*n] (n <= 16)."""
+    cdef float X[16 * LANES]
+    cdef int32_t Lq[16 * LANES]
+    cdef int32_t La[16 * LANES]
+    cdef float mx[LANES]
+    cdef float amax[LANES]
+    cdef float iscale[LANES]
+    cdef float sumlx[LANES]
+    cdef float suml2[LANES]
+    cdef float scale[LANES]
+    cdef float best[LANES]
+    cdef int32_t upd[LANES]
+    cdef int i, k, l, step
+    cdef float v, w
+    cdef bint zero
+    for i in range(n):
+        for k in range(LANES):
+            X[i * LANES + k] = x[k * n + i]
+    for k in range(LANES):
+        mx[k] = 0
+        amax[k] = 0
+    for i in range(n):
+        for k in range(LANES):
+            v = X[i * LANES + k]
+            upd[k] = fabsf(v) > amax[k]
+            amax[k] = fabsf(v) if upd[k] else amax[k]
+            mx[k] = v if upd[k] else mx[k]
+    for step in range(-10, 10):  # -10: the first fit at nmax/max; then the 18 trial scales
+        if step == 0:
+            continue
+        for k in range(LANES):
+            if step == -10:
+                iscale[k] = -nmax / mx[k]
+            else:
+                iscale[k] = -(nmax + <float>0.1 * step) / mx[k]
+            sumlx[k] = 0
+            suml2[k] = 0
+        for i in range(n):
+            for k in range(LANES):
+                v = X[i * LANES + k]
+                l = imax(-nmax, imin(nmax - 1, nearest_int(iscale[k] * v)))
+                La[i * LANES + k] = l
+                w = v * v
+                sumlx[k] += w * v * l
+                suml2[k] += w * l * l
+        for k in range(LANES):
+            if step == -10:
+                upd[k] = 1
+                scale[k] = sumlx[k] / suml2[k] if suml2[k] != 0 else <float>0.0
+                best[k] = scale[k] * sumlx[k]
+            else:
+                upd[k] = suml2[k] > 0 and sumlx[k] * sumlx[k] > best[k] * suml2[k]
+                scale[k] = sumlx[k] / suml2[k] if upd[k] else scale[k]
+                best[k] = scale[k] * sumlx[k] if upd[k] else best[k]
+        for i in range(n):
+            for k in range(LANES):
+                Lq[i * LANES + k] = La[i * LANES + k] if upd[k] else Lq[i * LANES + k]
+    for k in range(LANES):
+        zero = amax[k] < GROUP_MAX_EPS
+        scale_out[k] = <float>0.0 if zero else scale[k]
+        for i in range(n):
+            L[k * n + i] = <int8_t>(0 if zero else Lq[i * LANES + k] + nmax)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # K-quants (quantize_row_q{2,3,4,5,6}_K_ref): super-blocks of 256 values
 
 
@@ -418,10 +600,10 @@ cdef inline void pack_2bit(const uint8_t* L, uint8_t* qs) noexcept nogil:
                                        | (L[j + l + 96] << 6))
 
 
-cdef void row_q2_K(const float* x, block_q2_K* y, Py_ssize_t nb) noexcept nogil:
+cdef void row_q2_K(const float* x, block_q2_K* y, Py_ssize_t nb, bint lanes) noexcept nogil:
     cdef uint8_t L[QK_K]
     cdef uint8_t Laux[16]
-    cdef float weights[16]
+    cdef float weights[QK_K]
     cdef float mins[16]
     cdef float scales[16]
     cdef Py_ssize_t i
@@ -431,11 +613,17 @@ cdef void row_q2_K(const float* x, block_q2_K* y, Py_ssize_t nb) noexcept nogil:
     for i in range(nb):
         max_scale = 0
         max_min = 0
+        for l in range(QK_K):
+            weights[l] = fabsf(x[l])
+        if lanes:  # sub-blocks 0-7, then 8-15
+            make_qkx2_quants_x8(16, 3, x, weights, L, scales, mins, <float>-0.5, <float>0.1, 15, True)
+            make_qkx2_quants_x8(16, 3, x + 128, weights + 128, L + 128, scales + 8, mins + 8, <float>-0.5,
+                                <float>0.1, 15, True)
+        else:
+            for j in range(QK_K // 16):
+                scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights + 16 * j, L + 16 * j, &mins[j], Laux,
+                                             <float>-0.5, <float>0.1, 15, True)
         for j in range(QK_K // 16):
-            for l in range(16):
-                weights[l] = fabsf(x[16 * j + l])
-            scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux,
-                                         <float>-0.5, <float>0.1, 15, True)
             if scales[j] > max_scale:
                 max_scale = scales[j]
             if mins[j] > max_min:
@@ -548,10 +736,11 @@ cdef inline void pack_scales_k4(uint8_t* out, const float* scales, const float* 
 
 
 cdef inline void fit_k4(const float* x, uint8_t* L, float* scales, float* mins, float* max_scale,
-                        float* max_min, int nmax, float rmin, float rdelta, int nstep) noexcept nogil:
+                        float* max_min, int nmax, float rmin, float rdelta, int nstep,
+                        bint lanes) noexcept nogil:
     # Q4_K / Q5_K: per 32-value sub-block, weights |x| + rms(x), then make_qkx2_quants.
     cdef uint8_t Laux[32]
-    cdef float weights[32]
+    cdef float weights[QK_K]
     cdef float sum_x2, av_x
     cdef int j, l
     max_scale[0] = 0
@@ -562,9 +751,14 @@ cdef inline void fit_k4(const float* x, uint8_t* L, float* scales, float* mins, 
             sum_x2 += x[32 * j + l] * x[32 * j + l]
         av_x = sqrtf(sum_x2 / 32)
         for l in range(32):
-            weights[l] = av_x + fabsf(x[32 * j + l])
-        scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin,
-                                     rdelta, nstep, False)
+            weights[32 * j + l] = av_x + fabsf(x[32 * j + l])
+    if lanes:
+        make_qkx2_quants_x8(32, nmax, x, weights, L, scales, mins, rmin, rdelta, nstep, False)
+    else:
+        for j in range(QK_K // 32):
+            scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights + 32 * j, L + 32 * j, &mins[j], Laux,
+                                         rmin, rdelta, nstep, False)
+    for j in range(QK_K // 32):
         if scales[j] > max_scale[0]:
             max_scale[0] = scales[j]
         if mins[j] > max_min[0]:
@@ -588,7 +782,7 @@ cdef inline void requantize_k4(const float* x, uint8_t* L, const uint8_t* packed
             L[32 * j + ii] = <uint8_t>imax(0, imin(nmax, l))
 
 
-cdef void row_q4_K(const float* x, block_q4_K* y, Py_ssize_t nb) noexcept nogil:
+cdef void row_q4_K(const float* x, block_q4_K* y, Py_ssize_t nb, bint lanes) noexcept nogil:
     cdef uint8_t L[QK_K]
     cdef float mins[8]
     cdef float scales[8]
@@ -597,7 +791,7 @@ cdef void row_q4_K(const float* x, block_q4_K* y, Py_ssize_t nb) noexcept nogil:
     cdef int j, l
     cdef uint8_t* q
     for i in range(nb):
-        fit_k4(x, L, scales, mins, &max_scale, &max_min, 15, <float>-1.0, <float>0.1, 20)
+        fit_k4(x, L, scales, mins, &max_scale, &max_min, 15, <float>-1.0, <float>0.1, 20, lanes)
         inv_scale = <float>63.0 / max_scale if max_scale > 0 else <float>0.0
         inv_min = <float>63.0 / max_min if max_min > 0 else <float>0.0
         pack_scales_k4(y[i].scales, scales, mins, inv_scale, inv_min)
@@ -612,7 +806,7 @@ cdef void row_q4_K(const float* x, block_q4_K* y, Py_ssize_t nb) noexcept nogil:
         x += QK_K
 
 
-cdef void row_q5_K(const float* x, block_q5_K* y, Py_ssize_t nb) noexcept nogil:
+cdef void row_q5_K(const float* x, block_q5_K* y, Py_ssize_t nb, bint lanes) noexcept nogil:
     cdef uint8_t L[QK_K]
     cdef float mins[8]
     cdef float scales[8]
@@ -623,7 +817,7 @@ cdef void row_q5_K(const float* x, block_q5_K* y, Py_ssize_t nb) noexcept nogil:
     cdef uint8_t* ql
     cdef uint8_t* qh
     for i in range(nb):
-        fit_k4(x, L, scales, mins, &max_scale, &max_min, 31, <float>-0.5, <float>0.1, 15)
+        fit_k4(x, L, scales, mins, &max_scale, &max_min, 31, <float>-0.5, <float>0.1, 15, lanes)
         inv_scale = <float>63.0 / max_scale if max_scale > 0 else <float>0.0
         inv_min = <float>63.0 / max_min if max_min > 0 else <float>0.0
         pack_scales_k4(y[i].scales, scales, mins, inv_scale, inv_min)
@@ -652,7 +846,7 @@ cdef void row_q5_K(const float* x, block_q5_K* y, Py_ssize_t nb) noexcept nogil:
         x += QK_K
 
 
-cdef void row_q6_K(const float* x, block_q6_K* y, Py_ssize_t nb) noexcept nogil:
+cdef void row_q6_K(const float* x, block_q6_K* y, Py_ssize_t nb, bint lanes) noexcept nogil:
     cdef int8_t L[QK_K]
     cdef float scales[16]
     cdef float max_scale, max_abs_scale, scale, iscale, d
@@ -663,9 +857,14 @@ cdef void row_q6_K(const float* x, block_q6_K* y, Py_ssize_t nb) noexcept nogil:
     for i in range(nb):
         max_scale = 0
         max_abs_scale = 0
+        if lanes:
+            make_qx_quants_x8(16, 32, x, L, scales)
+            make_qx_quants_x8(16, 32, x + 128, L + 128, scales + 8)
+        else:
+            for ib in range(QK_K // 16):
+                scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib)
         for ib in range(QK_K // 16):
-            scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib)
-            scales[ib] = scale
+            scale = scales[ib]
             if fabsf(scale) > max_abs_scale:
                 max_abs_scale = fabsf(scale)
                 max_scale = scale
@@ -708,8 +907,9 @@ cdef bint can_quantize(int wtype) noexcept nogil:
             or wtype == T_Q3_K or wtype == T_Q4_K or wtype == T_Q5_K or wtype == T_Q6_K)
 
 
-cdef void quantize_row(int wtype, const float* x, uint8_t* out, Py_ssize_t n) noexcept nogil:
-    """One row of n values (a whole number of blocks) into `out` (row_bytes(wtype, n) bytes)."""
+cdef void quantize_row(int wtype, const float* x, uint8_t* out, Py_ssize_t n, bint lanes) noexcept nogil:
+    """One row of n values (a whole number of blocks) into `out` (row_bytes(wtype, n) bytes). `lanes`:
+    the K-quant scale searches 8 sub-blocks at a time (same bytes, faster)."""
     if wtype == T_F32:
         memcpy(out, x, n * sizeof(float))
     elif wtype == T_F16:
@@ -727,15 +927,15 @@ cdef void quantize_row(int wtype, const float* x, uint8_t* out, Py_ssize_t n) no
     elif wtype == T_Q5_1:
         row_q5_1(x, <block_q5_1*>out, n // 32)
     elif wtype == T_Q2_K:
-        row_q2_K(x, <block_q2_K*>out, n // QK_K)
+        row_q2_K(x, <block_q2_K*>out, n // QK_K, lanes)
     elif wtype == T_Q3_K:
         row_q3_K(x, <block_q3_K*>out, n // QK_K)
     elif wtype == T_Q4_K:
-        row_q4_K(x, <block_q4_K*>out, n // QK_K)
+        row_q4_K(x, <block_q4_K*>out, n // QK_K, lanes)
     elif wtype == T_Q5_K:
-        row_q5_K(x, <block_q5_K*>out, n // QK_K)
+        row_q5_K(x, <block_q5_K*>out, n // QK_K, lanes)
     elif wtype == T_Q6_K:
-        row_q6_K(x, <block_q6_K*>out, n // QK_K)
+        row_q6_K(x, <block_q6_K*>out, n // QK_K, lanes)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -773,13 +973,17 @@ cdef bint _is_k_quant(int wtype) noexcept nogil:
     return weight_block_values(wtype) == QK_K
 
 
-def quantize(int wtype, x, out=None, int n_threads=0):
+def quantize(int wtype, x, out=None, int n_threads=0, impl="auto"):
     """Quantize float rows x[..., cols] to type `wtype` as ggml's reference quantizer does.
 
     Returns (or fills `out`, a C-contiguous uint8 array of the right size) the stored bytes as
     uint8[rows, row_bytes], rows = product of the leading dimensions (a 1-D x is one row).
-    n_threads <= 0: OpenMP's default.
+    n_threads <= 0: OpenMP's default. impl: "auto" (K-quant searches 8 sub-blocks at a time) or "scalar"
+    (one at a time, as ggml's code reads; for the tests: both give the same bytes).
     """
+    if impl not in ("auto", "scalar"):
+        raise ValueError(f"impl must be 'auto' or 'scalar', got {impl!r}")
+    cdef bint lanes = impl == "auto"
     if not can_quantize(wtype):
         raise ValueError(f"cannot quantize to weight type {wtype}")
     arr = np.ascontiguousarray(x, dtype=np.float32)
@@ -807,10 +1011,10 @@ def quantize(int wtype, x, out=None, int n_threads=0):
     with nogil:
         if rows == 1 or nt == 1:
             for r in range(rows):
-                quantize_row(wtype, xp + r * cols, op + r * rb, cols)
+                quantize_row(wtype, xp + r * cols, op + r * rb, cols, lanes)
         else:
             for r in prange(rows, schedule="dynamic", chunksize=chunk, num_threads=nt):
-                quantize_row(wtype, xp + r * cols, op + r * rb, cols)
+                quantize_row(wtype, xp + r * cols, op + r * rb, cols, lanes)
     return out
 
 

@@ -26,6 +26,13 @@ NO_SIMD = {"llamacy.kernels.cpu"}
 # Element-wise float code (norms, SiLU/GELU, softmax, attention) may reassociate sums and call glibc's
 # vector math (libmvec expf/tanhf): that is what lets GCC vectorise it. The integer kernels stay exact.
 FAST_MATH = {"llamacy.kernels.ops"}
+# The AVX-512 VNNI kernels: only these modules get the AVX-512 flags, and matmul imports them only on a CPU
+# that has those instructions (cpu.has_avx512_vnni), so the floor stays AVX2. A portable build skips them.
+# Their float arithmetic is spelled out with intrinsics; -ffp-contract=off keeps the compiler from fusing a
+# product into a following add, which would break bit-equality with the AVX2 kernels.
+AVX512 = {"llamacy.kernels.matmul512"}
+AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256",
+                "-ffp-contract=off"]
 
 
 def compile_args(simd: bool, fast_math: bool = False) -> list[str]:
@@ -46,12 +53,15 @@ def extensions() -> list[Extension]:
         name = path[:-4].replace(os.sep, ".")
         if ONLY and not name.startswith(ONLY):
             continue
+        if PORTABLE and name in AVX512:
+            continue
         exts.append(
             Extension(
                 name,
                 [path],
                 include_dirs=["llamacy/kernels"],
-                extra_compile_args=compile_args(name not in NO_SIMD, name in FAST_MATH),
+                extra_compile_args=compile_args(name not in NO_SIMD, name in FAST_MATH)
+                + (AVX512_FLAGS if name in AVX512 else []),
                 extra_link_args=["-fopenmp"] + (["-lmvec", "-lm"] if name in FAST_MATH else []),
                 define_macros=[
                     ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),

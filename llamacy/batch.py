@@ -152,10 +152,12 @@ def run_batch(
     defaults: dict[str, Any],
     n_parallel: int = 4,
     n_ctx: int | None = None,
-    render: Callable[[str], str] | None = None,
+    encode: Callable[[str], list[int]] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> BatchSummary:
-    """Run the items not yet in `results` through a Scheduler; append each result as it finishes."""
+    """Run the items not yet in `results` through a Scheduler; append each result as it finishes.
+
+    encode: prompt text -> token ids (e.g. through a chat template); default: the model's tokenizer."""
     from llamacy.scheduler import Done, Scheduler
 
     summary = BatchSummary(total=len(items))
@@ -189,7 +191,7 @@ def run_batch(
                     exhausted = True
                     break
                 try:
-                    req = _request(llm, it, defaults, render)
+                    req = _request(llm, it, defaults, encode or llm.tokenize)
                     sched.submit(req, listener=_on_final(finals, it))
                 except LlamacyError as e:
                     emit({"id": it.id, "prompt": it.prompt, "error": str(e)})
@@ -232,7 +234,7 @@ def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
     return listener
 
 
-def _request(llm: Any, it: Item, defaults: dict[str, Any], render: Callable[[str], str] | None) -> Any:
+def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str], list[int]]) -> Any:
     from llamacy.engine import _sampling_params
     from llamacy.scheduler import GenerationRequest
 
@@ -253,10 +255,7 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], render: Callable[[str
         params = _sampling_params(opts)
     except (TypeError, ValueError) as e:
         raise UsageError(f"bad sampling options: {e}") from None
-    text = render(it.prompt) if render is not None else it.prompt
-    ids = llm.tokenize(
-        text, add_bos=False if render is not None and text.startswith(_bos_text(llm)) else None
-    )
+    ids = encode(it.prompt)
     return GenerationRequest(
         prompt=ids,
         params=params,
@@ -264,8 +263,3 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], render: Callable[[str
         stop=stop,
         id=str(it.id),
     )
-
-
-def _bos_text(llm: Any) -> str:
-    bos = llm.tokenizer.bos_id
-    return llm.tokenizer.token_text(bos) if bos is not None and bos >= 0 else "\x00never"

@@ -180,3 +180,20 @@ def test_cli_in_a_pipe_is_silent(model_path, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"" and r.stderr == b""
     assert len(_lines(tmp_path / "r.jsonl")) == 2
+
+
+@pytest.mark.model
+def test_chat_mode_on_the_default_model(default_model_path, tmp_path):
+    prompts = tmp_path / "q.txt"
+    prompts.write_text("Name the capital of France.\nName the capital of Germany.\n")
+    out = tmp_path / "r.jsonl"
+    r = subprocess.run(
+        [sys.executable, "-m", "llamacy", "batch", str(prompts), "-o", str(out), "--chat", "--temp", "0",
+         "-n", "24", "-t", "1"],
+        capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {x["id"]: x for x in _lines(out)}
+    assert "Paris" in rows[1]["completion"] and "Berlin" in rows[2]["completion"]
+    assert rows[1]["finish_reason"] == "stop"  # ended at <|im_end|>, which is never part of the text
+    assert "<|im_end|>" not in rows[1]["completion"]

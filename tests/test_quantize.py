@@ -82,6 +82,8 @@ def test_argument_errors() -> None:
         qz.quantize(int(QT.Q4_K), np.ones((1, 288), dtype=np.float32))
     with pytest.raises(ValueError, match="cannot quantize"):
         qz.quantize(int(QT.IQ4_NL), np.ones((1, 32), dtype=np.float32))
+    with pytest.raises(ValueError, match="impl must be"):
+        qz.quantize(int(QT.Q4_K), np.ones((1, 256), dtype=np.float32), impl="simd")
     with pytest.raises(ValueError, match="out must be"):
         qz.quantize(int(QT.Q8_0), np.ones((2, 32), dtype=np.float32), out=np.empty(10, dtype=np.uint8))
     assert qz.row_bytes(int(QT.Q4_K), 512) == 288
@@ -124,9 +126,25 @@ def test_k_quants_bit_identical_to_scalar_port(qtype: QT) -> None:
     x[2] *= np.float32(1e-3)
     x[2, 7] = 40.0  # one outlier
     got = qz.quantize(int(qtype), x)
+    assert np.array_equal(got, qz.quantize(int(qtype), x, impl="scalar"))
     for r in range(x.shape[0]):
         want = PORTS[qtype](x[r])
         assert got[r].tobytes() == want, f"{qtype.name} row {r}"
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS)
+def test_k_quant_lanes_match_scalar_search(qtype: QT) -> None:
+    """The 8-sub-blocks-at-a-time scale searches give the scalar searches' bytes, flat and zero sub-blocks
+    included (the scalar code returns early for those)."""
+    rng = np.random.default_rng(200 + int(qtype))
+    x = _tricky_rows(rng, 96, 512)
+    x[10, 32:64] = 7.0  # one flat Q4_K sub-block among normal ones
+    x[11, ::2] = 0.0
+    x[12, :256] = np.abs(x[12, :256]) + 5  # min > 0
+    x[13] = np.round(x[13] * 2)  # few distinct values: many equal-error trials
+    for scale in (np.float32(1), np.float32(1e-6), np.float32(1e5)):
+        xs = x * scale
+        assert np.array_equal(qz.quantize(int(qtype), xs), qz.quantize(int(qtype), xs, impl="scalar"))
 
 
 # ---------------------------------------------------------------------------------------------------------

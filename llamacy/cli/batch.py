@@ -62,7 +62,7 @@ def batch(
         _say(f"all {len(items)} prompts already have results in {output}")
         return
     llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64)
-    render = None
+    encode = None
     if chat:
         from llamacy.chat_template import ChatTemplate
 
@@ -72,8 +72,9 @@ def batch(
         if stops:
             defaults["stop"] = [*defaults.get("stop", []), *stops]
 
-        def render(text: str) -> str:
-            return template.render([*sys_msgs, {"role": "user", "content": text}], add_generation_prompt=True)
+        def encode(text: str) -> list[int]:
+            messages = [*sys_msgs, {"role": "user", "content": text}]
+            return template.encode(template.render(messages, add_generation_prompt=True))
 
     progress = _Progress(len(items) - len(already & {_k(it.id) for it in items}))
     try:
@@ -84,7 +85,7 @@ def batch(
             defaults,
             n_parallel=parallel,
             n_ctx=llm.n_ctx,
-            render=render,
+            encode=encode,
             on_result=progress.advance,
         )
     finally:

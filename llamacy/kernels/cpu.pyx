@@ -14,6 +14,11 @@ cdef extern from *:
             case 0: return __builtin_cpu_supports("avx2") != 0;
             case 1: return __builtin_cpu_supports("fma") != 0;
             case 2: return __builtin_cpu_supports("f16c") != 0;
+            /* AVX-512 (libgcc also checks that the OS saves the zmm/opmask state, via XGETBV) */
+            case 3: return __builtin_cpu_supports("avx512f") != 0;
+            case 4: return __builtin_cpu_supports("avx512bw") != 0;
+            case 5: return __builtin_cpu_supports("avx512vl") != 0;
+            case 6: return __builtin_cpu_supports("avx512vnni") != 0;
         }
         return 0;
     #else
@@ -35,6 +40,17 @@ def cpu_features():
     """{'avx2': bool, 'fma': bool, 'f16c': bool} for this CPU."""
     return {"avx2": bool(llamacy_cpu_has(0)), "fma": bool(llamacy_cpu_has(1)),
             "f16c": bool(llamacy_cpu_has(2))}
+
+
+def avx512_features():
+    """{'avx512f', 'avx512bw', 'avx512vl', 'avx512vnni': bool} for this CPU (and OS)."""
+    return {"avx512f": bool(llamacy_cpu_has(3)), "avx512bw": bool(llamacy_cpu_has(4)),
+            "avx512vl": bool(llamacy_cpu_has(5)), "avx512vnni": bool(llamacy_cpu_has(6))}
+
+
+def has_avx512_vnni():
+    """True if this CPU runs what matmul512 executes: AVX-512 F/BW/VL and VNNI (256-bit EVEX forms)."""
+    return all(avx512_features().values())
 
 
 def simd_build():

@@ -1,0 +1,21 @@
+# The AVX-512 VNNI (and a few more SSE/AVX2) intrinsics that matmul512 uses, on top of simd.pxd's.
+#
+# Only matmul512 cimports this: it is the one module compiled with the AVX-512 flags (setup.py), and it runs
+# only on a CPU that has them. The vector types are simd.pxd's (plain scalars to Cython: never do arithmetic
+# on them in Cython, call the intrinsic).
+from llamacy.kernels.simd cimport __m128, __m128i, __m256, __m256i
+
+cdef extern from "simd512.h" nogil:
+    # AVX512_VNNI + AVX512VL, 256-bit forms.
+    # dpbusd: src + per int32 lane the sum of 4 products (unsigned byte of a) x (signed byte of b), no
+    # saturation: one instruction for AVX2's maddubs + madd(ones) + add, exact where maddubs does not saturate.
+    __m256i _mm256_dpbusd_epi32(__m256i src, __m256i a_unsigned, __m256i b_signed)
+    # dpwssd: src + per int32 lane the sum of the 2 products of int16 pairs: madd + add in one instruction.
+    __m256i _mm256_dpwssd_epi32(__m256i src, __m256i a, __m256i b)
+
+    # AVX2 and SSE ones simd.pxd does not declare.
+    __m256i _mm256_xor_si256(__m256i a, __m256i b)
+    __m128 _mm_loadu_ps(const float* p)
+    void _mm_storeu_ps(float* p, __m128 a)
+    __m128 _mm_set1_ps(float v)
+    __m128 _mm_load_ss(const float* p)

@@ -37,10 +37,12 @@ class Model:
         from llamacy.kernels import ensure_cpu
 
         ensure_cpu()
+        from llamacy.kernels.parallel import ensure_threads
         from llamacy.model.forward import Forward
         from llamacy.model.weights import WeightBinder, hparams_for_forward
 
         self.cfg = cfg or config_from_metadata(gguf.metadata, str(gguf.path))
+        n_threads = min(n_threads, ensure_threads(n_threads))
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         glob, layers = WeightBinder(gguf, self.cfg).bind()

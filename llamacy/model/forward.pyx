@@ -9,16 +9,14 @@ copies of this loop.
 """
 
 from cpython.exc cimport PyErr_CheckSignals
-from cython.parallel cimport prange
 from libc.math cimport sqrtf, tanhf
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
-from libc.stdint cimport int32_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
-cimport openmp
-
 from llamacy.kernels.matmul cimport matmul
+from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.ops cimport (
     add_inplace,
     attend,
@@ -350,7 +348,15 @@ cdef class Forward:
         cdef float base = 0.0, fscale = 0.0
         cdef float* kl
         cdef float* vl
-        cdef Py_ssize_t th, item
+        cdef AttnCtx actx
+        actx.q = s.q
+        actx.att = s.att
+        actx.scores = s.scores
+        actx.n_head = NH
+        actx.head_dim = HD
+        actx.group = group
+        actx.scale = self.attn_scale
+        actx.softcap = self.attn_softcap
 
         if self.profiling:
             self.last_mark = _now()
@@ -394,14 +400,15 @@ cdef class Forward:
                            HD * sizeof(float))
             # Every (token, head) pair attends independently.
             self._lap(P_ELEM)
-            if nthreads > 1 and n * NH > 1:
-                for item in prange(n * NH, nogil=True, num_threads=nthreads, schedule="dynamic"):
-                    self._attend_item(item, pos, seq, L.window, kl, vl, seq_stride, head_stride, group,
-                                      s.scores + openmp.omp_get_thread_num() * n_ctx)
-            else:
-                for item in range(n * NH):
-                    self._attend_item(item, pos, seq, L.window, kl, vl, seq_stride, head_stride, group,
-                                      s.scores)
+            actx.pos = pos
+            actx.seq = seq
+            actx.window = L.window
+            actx.kl = kl
+            actx.vl = vl
+            actx.seq_stride = seq_stride
+            actx.head_stride = head_stride
+            actx.n_ctx = n_ctx
+            parallel_for(_attend_task, &actx, n * NH, 1, nthreads)
             self._lap(P_ATTN)
             self._matmul(&L.wo, s.att, QW, n, s.o, nthreads, P_MM_O)
             for t in range(n):
@@ -439,14 +446,38 @@ cdef class Forward:
                 logits[j] = self.final_softcap * tanhf(logits[j] / self.final_softcap)
         self._lap(P_ELEM)
 
-    cdef inline void _attend_item(self, Py_ssize_t item, const int32_t* pos, const int32_t* seq,
-                                  Py_ssize_t window, float* kl, float* vl, Py_ssize_t seq_stride,
-                                  Py_ssize_t head_stride, Py_ssize_t group, float* scores) noexcept nogil:
-        cdef Py_ssize_t NH = self.n_head, HD = self.head_dim
-        cdef Py_ssize_t t = item // NH, h = item % NH
-        cdef Py_ssize_t p = pos[t], first = 0
-        cdef Py_ssize_t off = seq[t] * seq_stride + (h // group) * head_stride
-        if window > 0 and p - window + 1 > 0:
-            first = p - window + 1
-        attend(self.s.q + t * NH * HD + h * HD, kl + off, vl + off, first, p, HD, self.attn_scale,
-               self.attn_softcap, scores, self.s.att + t * NH * HD + h * HD)
+
+ctypedef struct AttnCtx:
+    float* q              # [n, n_head * head_dim]
+    float* att            # [n, n_head * head_dim] output
+    float* scores         # per thread [threads, n_ctx]
+    const int32_t* pos
+    const int32_t* seq
+    float* kl             # this layer's K cache
+    float* vl
+    Py_ssize_t window
+    Py_ssize_t seq_stride
+    Py_ssize_t head_stride
+    Py_ssize_t n_ctx
+    Py_ssize_t n_head
+    Py_ssize_t head_dim
+    Py_ssize_t group
+    float scale
+    float softcap
+
+
+cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Attention for (token, head) items begin..end-1 of a micro-batch."""
+    cdef AttnCtx* c = <AttnCtx*> ctx
+    cdef Py_ssize_t NH = c.n_head, HD = c.head_dim, item, t, h, p, first, off
+    cdef float* scores = c.scores + tid * c.n_ctx
+    for item in range(begin, end):
+        t = item // NH
+        h = item % NH
+        p = c.pos[t]
+        first = 0
+        if c.window > 0 and p - c.window + 1 > 0:
+            first = p - c.window + 1
+        off = c.seq[t] * c.seq_stride + (h // c.group) * c.head_stride
+        attend(c.q + t * NH * HD + h * HD, c.kl + off, c.vl + off, first, p, HD, c.scale, c.softcap, scores,
+               c.att + t * NH * HD + h * HD)

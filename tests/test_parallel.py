@@ -1,0 +1,46 @@
+"""The thread team: every item exactly once, job after job, from one caller or several at once."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+parallel = pytest.importorskip("llamacy.kernels.parallel")
+
+
+@pytest.mark.parametrize("n_items,chunk", [(1, 1), (7, 3), (1000, 7), (1000, 1000), (1001, 64), (5, 100)])
+@pytest.mark.parametrize("nthreads", [1, 2, 4])
+def test_every_item_exactly_once(n_items, chunk, nthreads):
+    counts = parallel.check_coverage(n_items, chunk, nthreads, repeats=3)
+    assert counts.shape == (n_items,)
+    assert (counts == 3).all()
+
+
+def test_many_jobs_in_a_row():
+    # Thousands of short jobs: a worker that wakes late for one job must not claim items of the next.
+    counts = parallel.check_coverage(97, 1, 3, repeats=20000)
+    np.testing.assert_array_equal(counts, 20000)
+
+
+def test_several_callers_at_once():
+    # While one thread's job holds the team, another caller runs its job alone: both complete.
+    results = []
+
+    def work():
+        results.append(parallel.check_coverage(513, 5, 2, repeats=2000))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 3
+    for counts in results:
+        np.testing.assert_array_equal(counts, 2000)
+
+
+def test_ensure_threads_reports_the_team():
+    assert parallel.ensure_threads(1) == 1
+    assert parallel.ensure_threads(3) >= 3

@@ -34,8 +34,9 @@ def best(fn, runs: int) -> float:
 
 
 def bench_kernels(threads: int, runs: int) -> dict[str, dict[str, float]]:
-    from llamacy.ggml_types import GGMLType
     from llamacy.kernels.quantize import quantize
+
+    from llamacy.ggml_types import GGMLType
 
     x = np.random.default_rng(0).standard_normal((2048, 4096)).astype(np.float32)
     out = {}

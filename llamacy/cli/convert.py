@@ -9,6 +9,8 @@ import typer
 
 from llamacy.cli import options as opt
 
+# TARGETS of llamacy.convert.mixtures, spelled out so that the CLI starts without importing gguf (a test
+# keeps the two in step).
 _TYPES = "f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, q6_k, q5_k_m, q5_k_s, q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k"
 
 

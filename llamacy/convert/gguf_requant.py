@@ -35,19 +35,25 @@ class GGUFSource(Source):
     def __init__(self, path: Path) -> None:
         self.path = path
         self.file = GGUFFile(path)
-        md = self.file.metadata
-        if int(md.get("split.count", 1) or 1) > 1:
-            raise UnsupportedModelError(f"{path}: split GGUF files are not supported; merge the parts first")
-        arch = str(md.get("general.architecture", ""))
-        n_head = int(md.get(f"{arch}.attention.head_count", 1) or 1)
-        self.facts = ModelFacts(
-            arch=arch,
-            n_layer=int(md.get(f"{arch}.block_count", 0) or 0),
-            n_head=n_head,
-            n_head_kv=int(md.get(f"{arch}.attention.head_count_kv", n_head) or n_head),
-        )
-        self.tensors = [self._tensor(t) for t in self.file.tensors.values()]
-        self._types = _kv_types(path)
+        try:
+            md = self.file.metadata
+            if _count(md.get("split.count"), 1) > 1:
+                raise UnsupportedModelError(
+                    f"{path}: split GGUF files are not supported; merge the parts first"
+                )
+            arch = str(md.get("general.architecture", ""))
+            n_head = _count(md.get(f"{arch}.attention.head_count"), 1)
+            self.facts = ModelFacts(
+                arch=arch,
+                n_layer=_count(md.get(f"{arch}.block_count"), 0),
+                n_head=n_head,
+                n_head_kv=_count(md.get(f"{arch}.attention.head_count_kv"), n_head),
+            )
+            self.tensors = [self._tensor(t) for t in self.file.tensors.values()]
+            self._types = _kv_types(path)
+        except BaseException:
+            self.file.close()
+            raise
 
     def _tensor(self, t: GGUFTensor) -> SourceTensor:
         shape = t.shape
@@ -59,7 +65,11 @@ class GGUFSource(Source):
 
             return dequantize(t.type, t.rows()[start:stop], (stop - start, shape[-1]))
 
-        return SourceTensor(t.name, shape, t.type, t.n_bytes, read_rows, raw=lambda t=t: t.data)
+        return SourceTensor(t.name, shape, t.type, read_rows, raw=lambda t=t: t.data)
+
+    @property
+    def size_on_disk(self) -> int:
+        return self.file.file_size
 
     def keep_type(self, tensor: SourceTensor) -> int:
         return tensor.type
@@ -77,6 +87,15 @@ class GGUFSource(Source):
 
     def close(self) -> None:
         self.file.close()
+
+
+def _count(value: object, default: int) -> int:
+    """A count from metadata: an integer, or per-layer counts (some architectures), of which the largest."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, np.ndarray) and value.size and value.dtype.kind in "iu":
+        return int(value.max())
+    return default
 
 
 def _kv_types(path: Path) -> dict[str, tuple[int, int | None]]:

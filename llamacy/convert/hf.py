@@ -335,7 +335,7 @@ class HFSource(Source):
             w = self.checkpoint.read(hf_name).reshape(-1, shape[-1])
             return (transform(w) if transform is not None else w)[start:stop]
 
-        return SourceTensor(name, shape, int(src_type), ct.n_bytes, read_rows)
+        return SourceTensor(name, shape, int(src_type), read_rows)
 
     def _rope_freqs(self) -> np.ndarray | None:
         """Llama 3.1-style RoPE scaling as per-dimension frequency divisors (convert_hf_to_gguf's
@@ -362,6 +362,10 @@ class HFSource(Source):
                 smooth = (old_ctx / wavelen - low) / (high - low)
                 factors.append(1 / ((1 - smooth) / factor + smooth))
         return np.array(factors, dtype=np.float32)
+
+    @property
+    def size_on_disk(self) -> int:
+        return sum(f.stat().st_size for f in {t.file for t in self.checkpoint.tensors.values()})
 
     def keep_type(self, tensor: SourceTensor) -> int:
         return int(GGMLType.F32)  # convert_hf_to_gguf writes 1-D tensors and norms as F32
@@ -422,6 +426,4 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _array_tensor(name: str, values: np.ndarray) -> SourceTensor:
     data = np.ascontiguousarray(values, dtype=np.float32)
-    return SourceTensor(
-        name, data.shape, int(GGMLType.F32), data.nbytes, lambda a, b: data.reshape(1, -1)[a:b]
-    )
+    return SourceTensor(name, data.shape, int(GGMLType.F32), lambda a, b: data.reshape(1, -1)[a:b])

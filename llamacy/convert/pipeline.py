@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from llamacy.convert.mixtures import TensorSpec, choose_types, target
+from llamacy.convert.mixtures import Target, TensorSpec, choose_types, target
 from llamacy.convert.source import Source, SourceTensor
 from llamacy.convert.writer import OutputFile
 from llamacy.errors import UnsupportedModelError, UsageError
@@ -34,7 +34,7 @@ class Summary:
     output: Path
     target: str
     n_tensors: int
-    bytes_in: int  # the source's tensor data
+    bytes_in: int  # the source's files (GGUF file, or safetensors shards)
     bytes_out: int  # the output file
     seconds: float
     types: Counter[str] = field(default_factory=Counter)  # output type name -> tensor count
@@ -70,43 +70,10 @@ def convert(
         raise UsageError(str(e.args[0])) from None
     src_path, out_path = Path(src), Path(out)
     _check_output(src_path, out_path)
-    from llamacy.kernels.quantize import QUANTIZE_TYPES
-
     with open_source(src_path) as source:
-        specs = [TensorSpec(t.name, t.shape, source.keep_type(t)) for t in source.tensors]
-        types = choose_types(specs, tgt, source.facts, pure)
-        for t, ty in zip(source.tensors, types, strict=True):
-            copied = ty == t.type and t.raw is not None
-            if not copied and ty not in QUANTIZE_TYPES:
-                raise UnsupportedModelError(f"{t.name}: cannot write type {type_name(ty)}")
-            if not copied and t.type not in COMPUTE_TYPES:
-                raise UnsupportedModelError(
-                    f"{t.name}: cannot read type {type_name(t.type)} to requantize it"
-                )
-        total = sum(t.n_elements for t in source.tensors)
-        done = 0
-        with OutputFile(out_path, source.facts.arch) as f:
-            w = f.writer
-            source.add_metadata(w, int(tgt.file_type))
-            for t, ty in zip(source.tensors, types, strict=True):
-                w.add_tensor_info(
-                    t.name,
-                    _byte_shape(t, ty),
-                    np.dtype(np.uint8),
-                    _n_bytes(t, ty),
-                    raw_dtype=GGMLQuantizationType(ty),
-                )
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_ti_data_to_file()
-            for t, ty in zip(source.tensors, types, strict=True):
-                data = _convert_tensor(t, ty, threads or 0, progress, done, total)
-                w.write_tensor_data(data)
-                done += t.n_elements
-                if progress is not None:
-                    progress(t.name, ty, done, total)
-            f.commit()
-        bytes_in = sum(t.n_bytes for t in source.tensors)
+        types = _plan(source, tgt, pure)
+        _write(source, types, int(tgt.file_type), out_path, threads or 0, progress)
+        bytes_in = source.size_on_disk
     return Summary(
         source=src_path,
         output=out_path,
@@ -117,6 +84,45 @@ def convert(
         seconds=time.perf_counter() - t0,
         types=Counter(type_name(ty) for ty in types),
     )
+
+
+def _plan(source: Source, tgt: Target, pure: bool) -> list[int]:
+    """Each tensor's output type, checked against what we can read and write before anything is written."""
+    from llamacy.kernels.quantize import QUANTIZE_TYPES
+
+    specs = [TensorSpec(t.name, t.shape, source.keep_type(t)) for t in source.tensors]
+    types = choose_types(specs, tgt, source.facts, pure)
+    for t, ty in zip(source.tensors, types, strict=True):
+        if ty == t.type and t.raw is not None:
+            continue  # copied as stored
+        if ty not in QUANTIZE_TYPES:
+            raise UnsupportedModelError(f"{t.name}: cannot write type {type_name(ty)}")
+        if t.type not in COMPUTE_TYPES:
+            raise UnsupportedModelError(f"{t.name}: cannot read type {type_name(t.type)} to requantize it")
+    return types
+
+
+def _write(
+    source: Source, types: list[int], file_type: int, out: Path, threads: int, progress: Progress | None
+) -> None:
+    """Metadata, tensor table, then the tensors one by one, into a temporary file renamed to `out`."""
+    total = sum(t.n_elements for t in source.tensors)
+    done = 0
+    with OutputFile(out, source.facts.arch) as f:
+        w = f.writer
+        source.add_metadata(w, file_type)
+        for t, ty in zip(source.tensors, types, strict=True):
+            shape, n_bytes = _byte_shape(t, ty), t.n_rows * _row_bytes(t, ty)
+            w.add_tensor_info(t.name, shape, np.dtype(np.uint8), n_bytes, raw_dtype=GGMLQuantizationType(ty))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t, ty in zip(source.tensors, types, strict=True):
+            w.write_tensor_data(_convert_tensor(t, ty, threads, progress, done, total))
+            done += t.n_elements
+            if progress is not None:
+                progress(t.name, ty, done, total)
+        f.commit()
 
 
 def _check_output(src: Path, out: Path) -> None:
@@ -141,10 +147,6 @@ def _row_bytes(t: SourceTensor, ty: int) -> int:
 
 def _byte_shape(t: SourceTensor, ty: int) -> tuple[int, ...]:
     return (*t.shape[:-1], _row_bytes(t, ty))
-
-
-def _n_bytes(t: SourceTensor, ty: int) -> int:
-    return t.n_rows * _row_bytes(t, ty)
 
 
 def _convert_tensor(

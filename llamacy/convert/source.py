@@ -23,7 +23,6 @@ class SourceTensor:
     name: str  # the GGUF tensor name
     shape: tuple[int, ...]  # numpy order: shape[-1] is the row length
     type: int  # GGML type of the data as the source stores it
-    n_bytes: int  # bytes the source stores it in
     # Rows [start, stop) of the tensor (1-D tensors are one row) as a float32 [stop - start, row] array.
     read_rows: Callable[[int, int], np.ndarray]
     # The stored bytes, when they can be written unchanged (a GGUF tensor whose type is kept).
@@ -44,6 +43,11 @@ class Source(ABC):
     path: Path
     facts: ModelFacts
     tensors: list[SourceTensor]
+
+    @property
+    @abstractmethod
+    def size_on_disk(self) -> int:
+        """Bytes of the source's files (for the summary)."""
 
     @abstractmethod
     def keep_type(self, tensor: SourceTensor) -> int:

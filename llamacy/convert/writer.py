@@ -57,6 +57,10 @@ class FastWriter(GGUFWriter):
             want = np.dtype(_NUMPY[sub_type])
             if arr.dtype != want and not np.can_cast(arr.dtype, want, casting="same_kind"):
                 raise ValueError(f"array of {arr.dtype} cannot be stored as {sub_type.name}")
+            if arr.dtype.kind in "iu" and want.kind in "iu" and arr.size:
+                info = np.iinfo(want)
+                if arr.min() < info.min or arr.max() > info.max:
+                    raise ValueError(f"array values out of range for {sub_type.name}")
             body = arr.astype(want, copy=False).tobytes()
         else:  # arrays of arrays: rare, leave them to the base class
             return super()._pack_val(list(val), vtype, add_vtype, sub_type)

@@ -16,10 +16,16 @@
 #
 # Every SIMD kernel has a scalar twin (vd_*_scalar: plain loops over blocks, one row x one token) that is
 # what a portable build runs and what the tests hold the SIMD kernels against.
+#
+# On a CPU with AVX-512 F/BW/VL + VNNI, matmul first offers the product to matmul512's kernels (the same
+# numbers, bit for bit, faster with several tokens); they take the quantized types and leave the rest here.
+# They are chosen once, at import (see "AVX-512 VNNI dispatch" below); LLAMACY_NO_AVX512=1 keeps AVX2.
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from cython.parallel cimport prange
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
+import os
 import numpy as np
 import time
 
@@ -29,6 +35,8 @@ from llamacy.kernels.quant cimport (
     block_q8k, quantize_act_row_impl, weight_block_bytes, weight_block_values,
 )
 from llamacy.kernels.simd cimport *
+# The function pointer type only: cimporting a ctypedef does not import matmul512 (see its .pxd).
+from llamacy.kernels.matmul512 cimport mm512_fn
 
 # Tile shapes (see the header comment). MAXR/MAXT bound the register arrays.
 cdef enum:
@@ -949,21 +957,83 @@ cdef void mm_f(const fblock* W, Py_ssize_t rows, Py_ssize_t cols, const float* X
 
 
 # =========================================================================================================
+# AVX-512 VNNI dispatch, decided once at import.
+#
+# matmul512 is compiled for AVX-512, so it is imported only here and only on a CPU that has AVX-512
+# F/BW/VL + VNNI (cpu.has_avx512_vnni, which also checks that the OS saves the zmm state): on any other CPU
+# not one of its instructions runs, not even its module initialisation. Its kernel arrives as a plain
+# function pointer (from a PyCapsule), so matmul() stays nogil and picks it with one pointer test.
+
+# matmul_impl's code for "the AVX-512 VNNI kernels where they apply, AVX2 elsewhere" regardless of
+# LLAMACY_NO_AVX512 (tests and benchmarks compare the two paths in one process).
+cdef enum:
+    IMPL_VNNI = 3
+
+cdef mm512_fn _mm512_found = NULL  # matmul512's kernel, if this CPU and this build have it
+cdef mm512_fn _mm512 = NULL        # the one matmul() uses: _mm512_found unless LLAMACY_NO_AVX512=1
+
+
+def _find_mm512():
+    """(capsule or None, why): matmul512's kernel where this build and CPU can run it."""
+    if not HAVE_SIMD:
+        return None, "portable build"
+    from llamacy.kernels import cpu
+
+    if not cpu.has_avx512_vnni():
+        return None, "this CPU lacks AVX-512 F/BW/VL/VNNI"
+    try:
+        from llamacy.kernels import matmul512
+    except ImportError as e:
+        return None, f"matmul512 is not built ({e})"
+    return matmul512.kernel_capsule(), "available"
+
+
+_capsule, AVX512_STATUS = _find_mm512()
+if _capsule is not None:
+    _mm512_found = <mm512_fn>PyCapsule_GetPointer(_capsule, "llamacy.kernels.matmul512.mm512")
+    if os.environ.get("LLAMACY_NO_AVX512", "") in ("", "0"):
+        _mm512 = _mm512_found
+    else:
+        AVX512_STATUS = "off (LLAMACY_NO_AVX512)"
+del _capsule
+
+
+def vnni_available():
+    """True if the AVX-512 VNNI kernels can run here (CPU and build), whether or not matmul uses them."""
+    return _mm512_found != NULL
+
+
+def kernel_path():
+    """The kernels matmul() runs for quantized weights: "avx512-vnni", "avx2" or "scalar".
+
+    ("avx512-vnni" covers the quantized types with several tokens and the 32-value types in decode; the
+    rest of the products run on AVX2 all the same.)
+    """
+    if _mm512 != NULL:
+        return "avx512-vnni"
+    return "avx2" if HAVE_SIMD else "scalar"
+
+
+# =========================================================================================================
 # Dispatch
 
 
 cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil:
-    cdef bint simd = impl == IMPL_SIMD or (impl == IMPL_AUTO and HAVE_SIMD)
+    cdef bint simd = impl == IMPL_SIMD or impl == IMPL_VNNI or (impl == IMPL_AUTO and HAVE_SIMD)
     cdef Py_ssize_t qk = weight_block_values(wtype)
     cdef Py_ssize_t nb
     cdef vd_fn fn
+    cdef mm512_fn fn512 = _mm512 if impl == IMPL_AUTO else _mm512_found if impl == IMPL_VNNI else NULL
     if rows <= 0 or n_tok <= 0 or qk == 0:
         return
     nb = cols // qk
     if nthreads < 1:
         nthreads = 1
+    # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
+    if fn512 != NULL and fn512(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads):
+        return
     if not simd:
         fn = scalar_kernel(wtype)
         if fn != NULL:
@@ -1006,14 +1076,19 @@ cdef void matmul(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
 # =========================================================================================================
 # Python surface. Every size is checked before a raw pointer is touched.
 
-_IMPLS = {"auto": IMPL_AUTO, "simd": IMPL_SIMD, "scalar": IMPL_SCALAR}
+# "simd" is the AVX2 kernels alone (as before the AVX-512 ones existed); "vnni" the AVX-512 VNNI kernels
+# where they apply and AVX2 elsewhere, whatever LLAMACY_NO_AVX512 says; "auto" what matmul() runs.
+_IMPLS = {"auto": IMPL_AUTO, "simd": IMPL_SIMD, "scalar": IMPL_SCALAR, "vnni": IMPL_VNNI}
 
 
 cdef int _impl(impl) except -1:
     try:
-        return _IMPLS[impl]
+        code = _IMPLS[impl]
     except (KeyError, TypeError):
         raise ValueError(f"impl must be one of {sorted(_IMPLS)}, got {impl!r}") from None
+    if code == IMPL_VNNI and _mm512_found == NULL:
+        raise ValueError(f"impl 'vnni' is not available here: {AVX512_STATUS}")
+    return code
 
 
 cdef Py_ssize_t _row_bytes(int wtype, Py_ssize_t cols) except -1:
@@ -1049,6 +1124,8 @@ cdef _activations(x):
 
 cdef _quantize(int wtype, x, int code):
     cdef const float[:, ::1] xv = x
+    if code == IMPL_VNNI:  # the activations are the same for both kernel families
+        code = IMPL_AUTO
     cdef Py_ssize_t n = xv.shape[0], cols = xv.shape[1], i
     xq = np.empty((n, act_row_bytes(wtype, cols)), dtype=np.uint8)
     cdef uint8_t[:, ::1] qv = xq

@@ -18,4 +18,10 @@
 
 #include <immintrin.h>
 
+/* The floats at p are read back from memory after this point: the compiler may not keep them in registers.
+   A kernel that stores a few scale products and then uses each in an FMA wants that, because the FMA then
+   takes the value as a broadcast from memory (a load, {1to8}) instead of a register shuffle per use, and
+   the shuffle pipes are shared with the multipliers. */
+#define lc_spill(p) __asm__ __volatile__("" : : "r"(p) : "memory")
+
 #endif /* LLAMACY_SIMD512_H */

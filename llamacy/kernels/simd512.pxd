@@ -13,6 +13,9 @@ cdef extern from "simd512.h" nogil:
     # dpwssd: src + per int32 lane the sum of the 2 products of int16 pairs: madd + add in one instruction.
     __m256i _mm256_dpwssd_epi32(__m256i src, __m256i a, __m256i b)
 
+    # Make the compiler read the floats at p back from memory from here on (see simd512.h).
+    void lc_spill(const float* p)
+
     # AVX2 and SSE ones simd.pxd does not declare.
     __m256i _mm256_xor_si256(__m256i a, __m256i b)
     __m128 _mm_loadu_ps(const float* p)

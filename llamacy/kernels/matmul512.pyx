@@ -1,0 +1,768 @@
+# AVX-512 VNNI matrix products: Y[t, r] = dot(W row r, activation row t), the same numbers as matmul.pyx's
+# AVX2 kernels, bit for bit, in less time where the work is compute-bound (several tokens).
+#
+# This module alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (setup.py), and
+# matmul.pyx imports it only on a CPU that has them (cpu.has_avx512_vnni), then calls mm512 through a
+# function pointer chosen once at import. A portable build does not build it.
+#
+# Why it is faster. On Zen 4 (and Intel) the integer multiplies (maddubs, madd, dpbusd, dpwssd) and the
+# float multiplies/FMAs share two pipes; per 32 values per (row, token) the AVX2 tile spends four of them
+# (maddubs, madd, the scale multiply, the FMA) plus, per weight block, the nibble unpacking and fp16
+# conversions, amortised over only 4 tokens, with 16 registers. Here:
+#   - dpbusd (u8 x s8, 4 products per int32 lane) replaces maddubs + madd; for the K-quants dpwssd replaces
+#     madd + add. Both give the very int32 lanes the AVX2 code gives (no int16 saturation is possible in
+#     either: |u| <= 128, |q8| <= 127), so the float part can follow the AVX2 order exactly.
+#   - Rows are repacked once per work item (GR rows) into a stack buffer: quants unpacked to unsigned bytes,
+#     fp16 scales converted; K-quant scales expanded to the int16 vectors dpwssd takes. Every token of the
+#     call then reuses them, instead of every 4 tokens unpacking again.
+#   - The 256-bit EVEX forms address 32 ymm registers: a tile is 4 rows x 4 tokens (16 accumulators).
+#   - The scale products d_w * d_x of a block are made 4 rows at a time (one SSE multiply per token) and
+#     broadcast from memory into the FMA.
+# The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add throughput on Zen 4
+# (double-pumped) and would change the order of the float sums.
+#
+# The offsets. dpbusd wants one unsigned operand: the weights. Q4_0 and Q5_0 quants are stored unsigned
+# (q, with x = d*(q - 8) / d*(q - 16)); Q8_0 quants are biased to q + 128. The offset's share,
+# c * sum(x quants) per 4-value lane (c = 8, 16, 128), is made once per token block with one dpbusd and
+# seeds the accumulator negated, so that the result is exactly the AVX2 lane sum of (q - c) * x.
+#
+# Float order (bit-equality with matmul.pyx, tested in tests/test_kernels_512.py). Per (row, token):
+#   legacy:  acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order; Y = hsum8(acc),
+#            + sum_b (m_w * s_x) in order for Q4_1/Q5_1 (products rounded, then added: no contraction,
+#            see setup.py's -ffp-contract=off).
+#   K-quants: as matmul.pyx's kdot.
+# AVX2 uses those same formulas for every tile shape (decode and prefill), so one formula here matches all.
+#
+# What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, and the
+# legacy types with n_tok == 1 (decode: a matvec, streamed, no repacking). K-quant decode and the float
+# types stay on the AVX2 kernels (mm512 returns 0), as do rows too long for the repack buffer.
+from cpython.pycapsule cimport PyCapsule_New
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
+from libc.string cimport memcpy, memset
+
+from llamacy.kernels.blocks cimport *
+from llamacy.kernels.quant cimport block_q8a, block_q8k
+from llamacy.kernels.simd cimport *
+from llamacy.kernels.simd512 cimport *
+
+# Each thread that calls mm512 keeps one buffer for the repacked rows of the work items of its calls (one
+# slice per OpenMP thread), grown when a call needs more and freed when the thread ends: nothing is
+# allocated in the steady state, no page is faulted in per call, and the repacked rows need no stack.
+cdef extern from *:
+    """
+    #include <pthread.h>
+    #include <stdlib.h>
+    typedef struct { void* p; size_t n; } lc_scratch_t;
+    static pthread_key_t lc_scratch_key;
+    static pthread_once_t lc_scratch_once = PTHREAD_ONCE_INIT;
+    static int lc_scratch_ok = 0;
+    static void lc_scratch_free(void* v) { lc_scratch_t* s = (lc_scratch_t*)v; free(s->p); free(s); }
+    static void lc_scratch_init(void) { lc_scratch_ok = pthread_key_create(&lc_scratch_key, lc_scratch_free) == 0; }
+    /* This thread's buffer of at least n bytes (64-byte aligned, contents undefined); NULL if out of memory. */
+    static void* lc_scratch(size_t n) {
+        lc_scratch_t* s;
+        pthread_once(&lc_scratch_once, lc_scratch_init);
+        if (!lc_scratch_ok) return NULL;
+        s = (lc_scratch_t*)pthread_getspecific(lc_scratch_key);
+        if (s == NULL) {
+            s = (lc_scratch_t*)calloc(1, sizeof *s);
+            if (s == NULL) return NULL;
+            if (pthread_setspecific(lc_scratch_key, s) != 0) { free(s); return NULL; }
+        }
+        if (s->n < n) {
+            free(s->p);
+            s->n = (n + 65535) & ~(size_t)65535;
+            s->p = aligned_alloc(64, s->n);
+            if (s->p == NULL) s->n = 0;
+        }
+        return s->p;
+    }
+    """
+    void* lc_scratch(size_t n) nogil
+
+
+cdef enum:
+    R = 4           # rows per tile (prefill and decode)
+    MAXT = 4        # tokens per prefill tile
+    GR = 16         # prefill: rows per parallel work item (repacked together)
+    TCH = 64        # prefill: tokens per chunk (the chunk's activations stay in L2)
+    PF_TILES = 2    # decode: prefetch distance, in tiles
+    SCH = 16        # prefill: blocks per batch of scale products (ltile)
+    GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
+
+
+# One 32-value block of R rows, repacked: the quants as dpbusd takes them, the fp32 scale and min.
+#   Q4_0, Q5_0, Q8_0 (an offset, or signed quants): q holds the signed values (q - 8, q - 16, q), and the
+#     activations are the unsigned operand, biased by 128 (x + 128, one xor per token block); seed holds
+#     -128 * (sum of each 4 quants), the accumulator's start, so that dpbusd(seed, x + 128, q) is exactly
+#     the lane sum of q * x. Nothing per token block but the xor, nothing per row block but two loads.
+#   Q4_1, Q5_1 (unsigned quants, the min term apart): q holds the unsigned q, dpbusd(0, q, x); no seed.
+ctypedef struct lrec:
+    int8_t q[4][32]
+    int32_t seed[4][8]
+    float d[4]
+    float m[4]
+
+# One 256-value super-block of R rows, repacked: matmul.pyx's kunpacked, for 4 rows.
+ctypedef struct krec:
+    uint8_t u[4][256]
+    int16_t scx[4][128]   # per 32-value step j: the scale of group 2j in int16 lanes 0..7, of 2j+1 in 8..15
+    int16_t off[4][16]
+    float d[4]
+    float doff[4]
+
+
+ctypedef fused lblock:
+    block_q4_0
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+
+ctypedef fused kblock:
+    block_q2_K
+    block_q3_K
+    block_q4_K
+    block_q5_K
+    block_q6_K
+
+ctypedef fused qblock:
+    block_q4_0
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+    block_q2_K
+    block_q3_K
+    block_q4_K
+    block_q5_K
+    block_q6_K
+
+# Token counts of a prefill tile and row counts of a decode tile as types (see matmul.pyx's shapes): one C
+# function per count, with the count a literal constant, so the compiler unrolls the r/t loops and keeps
+# the accumulators in registers.
+ctypedef struct tok1:
+    char unused
+ctypedef struct tok2:
+    char unused
+ctypedef struct tok3:
+    char unused
+ctypedef struct tok4:
+    char unused
+
+ctypedef fused tshape:
+    tok1
+    tok2
+    tok3
+    tok4
+
+ctypedef struct row1:
+    char unused
+ctypedef struct row4:
+    char unused
+
+ctypedef fused rshape:
+    row1
+    row4
+
+
+cdef inline int ntoks(const tshape* s) noexcept nogil:
+    if tshape is tok1:
+        return 1
+    elif tshape is tok2:
+        return 2
+    elif tshape is tok3:
+        return 3
+    else:
+        return 4
+
+
+cdef inline int nrows(const rshape* s) noexcept nogil:
+    if rshape is row1:
+        return 1
+    else:
+        return R
+
+
+cdef inline uint32_t load_u32(const uint8_t* p) noexcept nogil:
+    cdef uint32_t v
+    memcpy(&v, p, 4)
+    return v
+
+
+# =========================================================================================================
+# Legacy 32-value types (ACT_Q8A activations).
+
+
+# 16 packed nibbles -> 32 bytes: low nibbles in the low lane, high nibbles in the high lane (as matmul.pyx).
+cdef inline __m256i unpack_nibbles(const uint8_t* qs) noexcept nogil:
+    cdef __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>qs))
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F))
+
+
+# The 32 bits of qh -> 32 bytes, 0xFF where the bit is set (as matmul.pyx).
+cdef inline __m256i unpack_bits(const uint8_t* qh) noexcept nogil:
+    cdef __m256i v = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(<int>load_u32(qh)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0))
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe))
+    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
+
+
+# One weight block's quants as the unsigned operand of dpbusd: q (4/5-bit types), q + 128 (Q8_0).
+cdef inline __m256i load_u(const lblock* wb) noexcept nogil:
+    if lblock is block_q8_0:
+        return _mm256_xor_si256(_mm256_loadu_si256(<const __m256i*>wb.qs), _mm256_set1_epi8(-128))
+    elif lblock is block_q4_0 or lblock is block_q4_1:
+        return unpack_nibbles(wb.qs)
+    else:
+        return _mm256_or_si256(unpack_nibbles(wb.qs),
+                               _mm256_and_si256(unpack_bits(wb.qh), _mm256_set1_epi8(0x10)))
+
+
+# The accumulator seed for one token block in decode (as AVX2's token_offset): minus the offset's share
+# c * (sum of 4 x quants) per lane, so that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy; zero for
+# the types without an offset. (Prefill instead moves the offset to the weights: see lrec.)
+cdef inline __m256i token_seed(const lblock* tag, __m256i qy) noexcept nogil:
+    cdef __m256i zero = _mm256_setzero_si256()
+    if lblock is block_q4_0:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(8), qy))
+    elif lblock is block_q5_0:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(16), qy))
+    elif lblock is block_q8_0:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), qy))
+    else:
+        return zero
+
+
+# True for the types whose repacked quants are signed (see lrec).
+cdef inline bint signed_q(const lblock* tag) noexcept nogil:
+    return lblock is block_q4_0 or lblock is block_q5_0 or lblock is block_q8_0
+
+
+# Row `w` (nb blocks) into slot r of the records dst[0..nb).
+cdef void repack_l(const lblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
+    cdef __m256i q
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef Py_ssize_t b
+    for b in range(nb):
+        if lblock is block_q8_0:
+            q = _mm256_loadu_si256(<const __m256i*>w[b].qs)
+        elif lblock is block_q4_0:
+            q = _mm256_sub_epi8(unpack_nibbles(w[b].qs), _mm256_set1_epi8(8))
+        elif lblock is block_q5_0:
+            q = _mm256_sub_epi8(load_u(w + b), _mm256_set1_epi8(16))
+        else:
+            q = load_u(w + b)
+        _mm256_storeu_si256(<__m256i*>dst[b].q[r], q)
+        if signed_q(w):
+            _mm256_storeu_si256(<__m256i*>dst[b].seed[r],
+                                _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), q)))
+        dst[b].d[r] = fp16(w[b].d)
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            dst[b].m[r] = fp16(w[b].m)
+
+
+# A slot with no row behind it (the last tile of a matrix whose row count is not a multiple of R): zeros,
+# computed on and never stored.
+cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
+    cdef Py_ssize_t b
+    for b in range(nb):
+        memset(dst[b].q[r], 0, 32)
+        memset(dst[b].seed[r], 0, 32)
+        dst[b].d[r] = 0.0
+        dst[b].m[r] = 0.0
+
+
+# One prefill tile: the R repacked rows w[0..nb) x T tokens starting at y (nb blocks apart);
+# out[t * ldo + r] for r < nvalid.
+#
+# Per (row, token, block): one dpbusd, one int->float conversion and one FMA whose scale d_w * d_x comes
+# as a broadcast from memory. Those products are made first, for SCH blocks at a time, 4 rows per SSE
+# multiply, into the small buffer sc: broadcasting each from a register instead costs one or two shuffles
+# per use, and Zen 4's shuffle pipes are shared with the multipliers and the conversions.
+cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const block_q8a* y, Py_ssize_t nb,
+                float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef __m256 acc[4][MAXT]
+    cdef __m128 ms[MAXT]
+    cdef __m256i qx[4]
+    cdef __m256i sd[4]
+    cdef __m256i qy, isum
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef __m128 dxv, mv
+    cdef float sc[SCH * MAXT * 4]
+    cdef const float* s
+    cdef float mo[4]
+    cdef const block_q8a* yb
+    cdef int r, t
+    cdef Py_ssize_t b, b0, b1
+    for t in range(T):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[t] = _mm_setzero_ps()
+        for r in range(R):
+            acc[r][t] = _mm256_setzero_ps()
+    b0 = 0
+    while b0 < nb:
+        b1 = min(nb, b0 + SCH)
+        for b in range(b0, b1):
+            dxv = _mm_loadu_ps(w[b].d)
+            if lblock is block_q4_1 or lblock is block_q5_1:
+                mv = _mm_loadu_ps(w[b].m)
+            for t in range(T):
+                yb = y + t * nb + b
+                _mm_storeu_ps(&sc[((b - b0) * MAXT + t) * 4], _mm_mul_ps(dxv, _mm_set1_ps(yb.d)))
+                if lblock is block_q4_1 or lblock is block_q5_1:
+                    # the min term, in block order: m_w * s_x rounded, then added
+                    ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(mv, _mm_set1_ps(yb.s)))
+        lc_spill(sc)
+        for b in range(b0, b1):
+            for r in range(R):
+                qx[r] = _mm256_loadu_si256(<const __m256i*>w[b].q[r])
+                if signed_q(tag):
+                    sd[r] = _mm256_loadu_si256(<const __m256i*>w[b].seed[r])
+            for t in range(T):
+                yb = y + t * nb + b
+                qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+                if signed_q(tag):
+                    qy = _mm256_xor_si256(qy, _mm256_set1_epi8(-128))  # x + 128
+                s = &sc[((b - b0) * MAXT + t) * 4]
+                for r in range(R):
+                    if signed_q(tag):
+                        isum = _mm256_dpbusd_epi32(sd[r], qy, qx[r])
+                    else:
+                        isum = _mm256_dpbusd_epi32(zero, qx[r], qy)
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]), _mm256_cvtepi32_ps(isum), acc[r][t])
+        b0 = b1
+    for t in range(T):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            _mm_storeu_ps(mo, ms[t])
+            for r in range(nvalid):
+                out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
+        else:
+            for r in range(nvalid):
+                out[t * ldo + r] = hsum8(acc[r][t])
+
+
+# One decode tile: R rows (from the weights as stored) x 1 token. The scales as in matmul.pyx's decode:
+# [d, m] converted with one F16C op and multiplied by [d_x, s] in one SSE multiply.
+cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssize_t nb,
+               float* out) noexcept nogil:
+    cdef int RR = nrows(shape)
+    cdef __m256 acc[4]
+    cdef __m128 ms[4]
+    cdef __m256i qy, seed
+    cdef __m128 u, v
+    cdef const lblock* wb
+    cdef const block_q8a* yb
+    cdef int r
+    cdef Py_ssize_t b, k
+    cdef const char* pf = <const char*>(w + PF_TILES * RR * nb)
+    cdef Py_ssize_t pfstep = RR * sizeof(lblock)
+    for r in range(RR):
+        acc[r] = _mm256_setzero_ps()
+        ms[r] = _mm_setzero_ps()
+    for b in range(nb):
+        # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
+        for k in range(0, pfstep, 64):
+            lc_prefetch(pf + b * pfstep + k)
+        yb = y + b
+        qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+        u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_x, s, 0, 0]
+        seed = token_seed(w, qy)
+        for r in range(RR):
+            wb = w + r * nb + b
+            v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(v),
+                                     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(wb), qy)), acc[r])
+            if lblock is block_q4_1 or lblock is block_q5_1:
+                ms[r] = _mm_add_ps(ms[r], v)
+    for r in range(RR):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(ms[r]))
+        else:
+            out[r] = hsum8(acc[r])
+
+
+# =========================================================================================================
+# K-quants (ACT_Q8K activations). The unpacked form and the dot are matmul.pyx's (see its comments there):
+#   value_j = d * sc_g * u_j - doff * off_g,  dot = d_x * (d * sum_g sc_g sum u q - doff * sum_g off_g bsum_g)
+
+
+cdef inline __m256i move_bit(__m256i v, int frm, int to) noexcept nogil:
+    if frm > to:
+        return _mm256_srli_epi16(v, frm - to)
+    elif frm < to:
+        return _mm256_slli_epi16(v, to - frm)
+    return v
+
+
+cdef inline void expand_scales(__m256i S, int16_t* scx) noexcept nogil:
+    cdef __m256i mask = _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
+                                          0x0100010001000100, 0x0100010001000100)
+    cdef int j
+    for j in range(8):
+        _mm256_storeu_si256(<__m256i*>&scx[16 * j],
+                            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(j)), mask))
+
+
+cdef inline __m128i k4_scales_mins(const uint8_t* packed) noexcept nogil:
+    cdef uint32_t a0, a1, a2, s2, s3
+    memcpy(&a0, packed, 4)
+    memcpy(&a1, packed + 4, 4)
+    memcpy(&a2, packed + 8, 4)
+    s2 = a1 & 0x3f3f3f3f
+    s3 = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4)
+    return _mm_set_epi32(<int>s3, <int>s2, <int>((a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4)),
+                         <int>(a0 & 0x3f3f3f3f))
+
+
+cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
+    cdef uint32_t a0, a1, a2
+    memcpy(&a0, packed, 4)
+    memcpy(&a1, packed + 4, 4)
+    memcpy(&a2, packed + 8, 4)
+    return _mm_set_epi32(
+        <int>(((a1 >> 4) & 0x0f0f0f0f) | (((a2 >> 6) & 0x03030303) << 4)),
+        <int>(((a0 >> 4) & 0x0f0f0f0f) | (((a2 >> 4) & 0x03030303) << 4)),
+        <int>((a1 & 0x0f0f0f0f) | (((a2 >> 2) & 0x03030303) << 4)),
+        <int>((a0 & 0x0f0f0f0f) | ((a2 & 0x03030303) << 4)))
+
+
+# One super-block into slot r of record k (matmul.pyx's unpack_k).
+cdef inline void unpack_k(const kblock* b, krec* k, int r) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i v, hb, a, c, S, O
+    cdef __m128i sm
+    cdef uint8_t* u = k.u[r]
+    cdef int j, n
+    if kblock is block_q2_K:
+        for n in range(2):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
+            for j in range(4):
+                _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32 * j),
+                                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)))
+        v = _mm256_cvtepu8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
+        S = _mm256_and_si256(v, _mm256_set1_epi16(0xF))
+        O = _mm256_srli_epi16(v, 4)
+        k.d[r] = fp16(b.d)
+        k.doff[r] = fp16(b.dmin)
+    elif kblock is block_q3_K:
+        hb = _mm256_loadu_si256(<const __m256i*>b.hmask)
+        for n in range(2):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
+            for j in range(4):
+                _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32 * j), _mm256_or_si256(
+                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)),
+                    _mm256_and_si256(move_bit(hb, 4 * n + j, 2), _mm256_set1_epi8(4))))
+        S = _mm256_sub_epi16(_mm256_cvtepu8_epi16(k3_scales(b.scales)), _mm256_set1_epi16(32))
+        O = _mm256_slli_epi16(S, 2)
+        k.d[r] = fp16(b.d)
+        k.doff[r] = k.d[r]
+    elif kblock is block_q4_K or kblock is block_q5_K:
+        if kblock is block_q5_K:
+            hb = _mm256_loadu_si256(<const __m256i*>b.qh)
+        for j in range(4):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
+            a = _mm256_and_si256(v, m4)
+            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
+            if kblock is block_q5_K:
+                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
+                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
+            _mm256_storeu_si256(<__m256i*>(u + 64 * j), a)
+            _mm256_storeu_si256(<__m256i*>(u + 64 * j + 32), c)
+        sm = k4_scales_mins(b.scales)
+        S = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm))
+        O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
+        k.d[r] = fp16(b.d)
+        k.doff[r] = fp16(b.dmin)
+    elif kblock is block_q6_K:
+        for n in range(2):
+            a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
+            c = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n + 32))
+            hb = _mm256_loadu_si256(<const __m256i*>(b.qh + 32 * n))
+            _mm256_storeu_si256(<__m256i*>(u + 128 * n), _mm256_or_si256(
+                _mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30))))
+            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32), _mm256_or_si256(
+                _mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
+            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 64), _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, _mm256_set1_epi8(0x30))))
+            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 96), _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
+        S = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
+        O = _mm256_slli_epi16(S, 5)
+        k.d[r] = fp16(b.d)
+        k.doff[r] = k.d[r]
+    _mm256_storeu_si256(<__m256i*>k.off[r], O)
+    expand_scales(S, k.scx[r])
+
+
+cdef void repack_k(const kblock* w, Py_ssize_t nb, krec* dst, int r) noexcept nogil:
+    cdef Py_ssize_t b
+    for b in range(nb):
+        unpack_k(w + b, dst + b, r)
+
+
+cdef void repack_k_empty(Py_ssize_t nb, krec* dst, int r) noexcept nogil:
+    cdef Py_ssize_t b
+    for b in range(nb):
+        memset(dst[b].u[r], 0, 256)
+        memset(dst[b].scx[r], 0, 256)
+        memset(dst[b].off[r], 0, 32)
+        dst[b].d[r] = 0.0
+        dst[b].doff[r] = 0.0
+
+
+# One prefill tile of a K-quant: the R repacked rows w[0..nb) x T tokens from y (nb super-blocks apart).
+# Per super-block the int32 lanes of every (row, token) are summed in registers with maddubs + dpwssd
+# (= AVX2's maddubs, madd, add), then scaled into float accumulators exactly as matmul.pyx's kdot.
+cdef void ktile(const kblock* tag, const tshape* shape, const krec* w, const block_q8k* y, Py_ssize_t nb,
+                float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef bint same_d = kblock is block_q3_K or kblock is block_q6_K
+    cdef __m256 acc[4][MAXT]
+    cdef __m256i sumi[4][MAXT]
+    cdef __m256i ux[4]
+    cdef __m256i qy[MAXT]
+    cdef __m256i sc, o, bs
+    cdef const krec* k
+    cdef const block_q8k* yb
+    cdef int r, t, j
+    cdef Py_ssize_t b
+    for r in range(R):
+        for t in range(T):
+            acc[r][t] = _mm256_setzero_ps()
+    for b in range(nb):
+        k = w + b
+        for r in range(R):
+            for t in range(T):
+                sumi[r][t] = _mm256_setzero_si256()
+        for j in range(8):
+            for r in range(R):
+                ux[r] = _mm256_loadu_si256(<const __m256i*>(k.u[r] + 32 * j))
+            for t in range(T):
+                qy[t] = _mm256_loadu_si256(<const __m256i*>((y + t * nb + b).qs + 32 * j))
+            for r in range(R):
+                sc = _mm256_loadu_si256(<const __m256i*>&k.scx[r][16 * j])
+                for t in range(T):
+                    sumi[r][t] = _mm256_dpwssd_epi32(sumi[r][t], _mm256_maddubs_epi16(ux[r], qy[t]), sc)
+        for t in range(T):
+            yb = y + t * nb + b
+            bs = _mm256_loadu_si256(<const __m256i*>yb.bsums)
+            for r in range(R):
+                o = _mm256_madd_epi16(_mm256_loadu_si256(<const __m256i*>k.off[r]), bs)
+                if same_d:
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(k.d[r] * yb.d),
+                                                _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r][t], o)), acc[r][t])
+                else:
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(k.d[r] * yb.d),
+                                                _mm256_cvtepi32_ps(sumi[r][t]), acc[r][t])
+                    acc[r][t] = _mm256_fnmadd_ps(_mm256_set1_ps(k.doff[r] * yb.d),
+                                                 _mm256_cvtepi32_ps(o), acc[r][t])
+    for t in range(T):
+        for r in range(nvalid):
+            out[t * ldo + r] = hsum8(acc[r][t])
+
+
+# =========================================================================================================
+# Drivers
+
+
+# Prefill work item g: rows [g*G, g*G + G), repacked once into the stack buffer, against every token,
+# chunk by chunk of TCH tokens; tiles of R rows x 4 tokens, then one tile of the 1-3 tokens left.
+cdef void l_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, lrec* buf) noexcept nogil:
+    cdef Py_ssize_t r0 = g * G
+    cdef Py_ssize_t nr = min(rows - r0, G)
+    cdef Py_ssize_t ntiles = (nr + R - 1) // R
+    cdef Py_ssize_t i, t0, t1, t, rr
+    cdef int r, nvalid
+    cdef const lrec* wt
+    for i in range(ntiles):
+        for r in range(R):
+            rr = i * R + r
+            if rr < nr:
+                repack_l(W + (r0 + rr) * nb, nb, buf + i * nb, r)
+            else:
+                repack_l_empty(nb, buf + i * nb, r)
+    t0 = 0
+    while t0 < n_tok:
+        t1 = min(n_tok, t0 + TCH)
+        for i in range(ntiles):
+            wt = buf + i * nb
+            nvalid = <int>min(<Py_ssize_t>R, nr - i * R)
+            t = t0
+            while t + 4 <= t1:
+                ltile(W, <const tok4*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+                t += 4
+            if t1 - t == 3:
+                ltile(W, <const tok3*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+            elif t1 - t == 2:
+                ltile(W, <const tok2*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+            elif t1 - t == 1:
+                ltile(W, <const tok1*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+        t0 = t1
+
+
+cdef void k_group(const kblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X, Py_ssize_t n_tok,
+                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, krec* buf) noexcept nogil:
+    cdef Py_ssize_t r0 = g * G
+    cdef Py_ssize_t nr = min(rows - r0, G)
+    cdef Py_ssize_t ntiles = (nr + R - 1) // R
+    cdef Py_ssize_t i, t0, t1, t, rr
+    cdef int r, nvalid
+    cdef const krec* wt
+    for i in range(ntiles):
+        for r in range(R):
+            rr = i * R + r
+            if rr < nr:
+                repack_k(W + (r0 + rr) * nb, nb, buf + i * nb, r)
+            else:
+                repack_k_empty(nb, buf + i * nb, r)
+    t0 = 0
+    while t0 < n_tok:
+        t1 = min(n_tok, t0 + TCH)
+        for i in range(ntiles):
+            wt = buf + i * nb
+            nvalid = <int>min(<Py_ssize_t>R, nr - i * R)
+            t = t0
+            while t + 4 <= t1:
+                ktile(W, <const tok4*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+                t += 4
+            if t1 - t == 3:
+                ktile(W, <const tok3*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+            elif t1 - t == 2:
+                ktile(W, <const tok2*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+            elif t1 - t == 1:
+                ktile(W, <const tok1*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
+        t0 = t1
+
+
+# Work item g, its repacked rows in buf.
+cdef inline void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
+                         float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, void* buf) noexcept nogil:
+    if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
+            or qblock is block_q6_K:
+        k_group(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy, G, g, <krec*>buf)
+    else:
+        l_group(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy, G, g, <lrec*>buf)
+
+
+# bufs: nthreads slices of `stride` bytes, one per thread.
+cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
+                     float* Y, Py_ssize_t ldy, int nthreads, Py_ssize_t G, char* bufs,
+                     Py_ssize_t stride) noexcept nogil:
+    cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
+    if nthreads <= 1:
+        for g in range(ngroups):
+            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs)
+    else:
+        for g in prange(ngroups, schedule="static", num_threads=nthreads):
+            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs + threadid() * stride)
+
+
+# Decode: rows [g*R, g*R + R) against one token.
+cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+                                float* Y, Py_ssize_t g) noexcept nogil:
+    cdef Py_ssize_t r = g * R
+    if r + R <= rows:
+        ldec(W + r * nb, <const row4*>NULL, X, nb, Y + r)
+    else:
+        while r < rows:
+            ldec(W + r * nb, <const row1*>NULL, X, nb, Y + r)
+            r += 1
+
+
+cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, float* Y,
+                    int nthreads) noexcept nogil:
+    cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
+    if nthreads <= 1:
+        for g in range(ngroups):
+            l_decode_group(W, rows, nb, X, Y, g)
+    else:
+        for g in prange(ngroups, schedule="static", num_threads=nthreads):
+            l_decode_group(W, rows, nb, X, Y, g)
+
+
+# Rows per prefill work item whose repacked form takes row_bytes each: GR, or fewer (a multiple of R, at
+# least R) so that a work item's repacked rows stay within GROUP_BYTES, in L2.
+cdef inline Py_ssize_t group_rows(Py_ssize_t row_bytes) noexcept nogil:
+    cdef Py_ssize_t tiles = GROUP_BYTES // (R * row_bytes)
+    if tiles < 1:
+        tiles = 1
+    if tiles > GR // R:
+        tiles = GR // R
+    return tiles * R
+
+
+cdef int mm512(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
+               Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    cdef bint legacy = (wtype == T_Q4_0 or wtype == T_Q4_1 or wtype == T_Q5_0 or wtype == T_Q5_1
+                        or wtype == T_Q8_0)
+    cdef bint kq = (wtype == T_Q2_K or wtype == T_Q3_K or wtype == T_Q4_K or wtype == T_Q5_K
+                    or wtype == T_Q6_K)
+    cdef Py_ssize_t nb, G, rec, stride
+    cdef char* bufs
+    cdef const block_q8a* Xa = <const block_q8a*>xq
+    if rows <= 0 or n_tok <= 0 or not (legacy or kq):
+        return 0
+    if nthreads < 1:
+        nthreads = 1
+    nb = cols // (QK8_0 if legacy else QK_K)
+    if nb <= 0:
+        return 0
+    if n_tok == 1:
+        if not legacy:
+            return 0
+        if wtype == T_Q4_0:
+            mm_decode(<const block_q4_0*>W, rows, nb, Xa, Y, nthreads)
+        elif wtype == T_Q4_1:
+            mm_decode(<const block_q4_1*>W, rows, nb, Xa, Y, nthreads)
+        elif wtype == T_Q5_0:
+            mm_decode(<const block_q5_0*>W, rows, nb, Xa, Y, nthreads)
+        elif wtype == T_Q5_1:
+            mm_decode(<const block_q5_1*>W, rows, nb, Xa, Y, nthreads)
+        else:
+            mm_decode(<const block_q8_0*>W, rows, nb, Xa, Y, nthreads)
+        return 1
+    rec = sizeof(lrec) if legacy else sizeof(krec)
+    G = group_rows(nb * rec // R)
+    stride = (G // R * nb * rec + 63) // 64 * 64
+    bufs = <char*>lc_scratch(stride * nthreads)
+    if bufs == NULL:
+        return 0  # out of memory: AVX2 needs none
+    if wtype == T_Q4_0:
+        mm_prefill(<const block_q4_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q4_1:
+        mm_prefill(<const block_q4_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q5_0:
+        mm_prefill(<const block_q5_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q5_1:
+        mm_prefill(<const block_q5_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q8_0:
+        mm_prefill(<const block_q8_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q2_K:
+        mm_prefill(<const block_q2_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q3_K:
+        mm_prefill(<const block_q3_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q4_K:
+        mm_prefill(<const block_q4_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    elif wtype == T_Q5_K:
+        mm_prefill(<const block_q5_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    else:
+        mm_prefill(<const block_q6_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    return 1
+
+
+# =========================================================================================================
+# Python surface: only the address of mm512, for matmul.pyx (see matmul512.pxd). Importing this module runs
+# no AVX-512 code of its own; still, matmul imports it only on a CPU that has AVX-512.
+
+MM512_CAPSULE = "llamacy.kernels.matmul512.mm512"
+
+
+def kernel_capsule():
+    """A PyCapsule holding the address of mm512 (an mm512_fn), named MM512_CAPSULE."""
+    return PyCapsule_New(<void*>mm512, "llamacy.kernels.matmul512.mm512", NULL)

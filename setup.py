@@ -31,8 +31,14 @@ FAST_MATH = {"llamacy.kernels.ops"}
 # Their float arithmetic is spelled out with intrinsics; -ffp-contract=off keeps the compiler from fusing a
 # product into a following add, which would break bit-equality with the AVX2 kernels.
 AVX512 = {"llamacy.kernels.matmul512"}
-AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256",
-                "-ffp-contract=off"]
+AVX512_FLAGS = [
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512vnni",
+    "-mprefer-vector-width=256",
+    "-ffp-contract=off",
+]
 
 
 def compile_args(simd: bool, fast_math: bool = False) -> list[str]:

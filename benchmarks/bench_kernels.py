@@ -49,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--ntok", default="1,64", help="comma-separated token counts")
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES), help="ROWSxCOLS,...")
-    ap.add_argument("--impl", default="auto", choices=["auto", "simd", "scalar"])
+    ap.add_argument(
+        "--impl",
+        default="auto",
+        choices=["auto", "simd", "scalar", "vnni"],
+        help="auto: what matmul() runs; simd: AVX2 alone; vnni: AVX-512 VNNI (bench_kernels_512.py)",
+    )
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds of measurement per case")
     args = ap.parse_args(argv)
 
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rng = np.random.default_rng(0)
     print(
-        f"# llamacy kernels, simd build: {quant.simd_build()}, impl: {args.impl}, "
+        f"# llamacy kernels, simd build: {quant.simd_build()}, impl: {args.impl} ({matmul.kernel_path()}), "
         f"{time.strftime('%Y-%m-%d %H:%M')}"
     )
     print(

@@ -89,6 +89,7 @@ cdef enum:
     TCH = 64        # prefill: tokens per chunk (the chunk's activations stay in L2)
     PF_TILES = 2    # decode: prefetch distance, in tiles
     SCH = 16        # prefill: blocks per batch of scale products (ltile)
+    RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile_raw)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
 
 
@@ -107,7 +108,10 @@ ctypedef struct lrec:
 # One 256-value super-block of R rows, repacked: matmul.pyx's kunpacked, for 4 rows.
 ctypedef struct krec:
     uint8_t u[4][256]
-    int16_t scx[4][128]   # per 32-value step j: the scale of group 2j in int16 lanes 0..7, of 2j+1 in 8..15
+    # per 32-value step j, what dpwssd multiplies step j's 16 int16 pair sums with:
+    #   Q4_K, Q5_K (one scale per 32 values): the int32 (sc_j << 16 | sc_j) at scx[r][2j], broadcast in ktile
+    #   Q2_K, Q3_K, Q6_K: the scale of group 2j in int16 lanes 0..7, of group 2j+1 in lanes 8..15
+    int16_t scx[4][128]
     int16_t off[4][16]
     float d[4]
     float doff[4]
@@ -345,6 +349,70 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const blo
                 out[t * ldo + r] = hsum8(acc[r][t])
 
 
+# One prefill tile for few tokens, straight from the weights as stored (no repacking: with few tokens
+# unpacking a block where it is used costs less than storing and reloading it): R rows from w (nb blocks
+# apart) x T tokens from y. Quants unsigned, offsets taken off per token block with token_seed (as decode
+# does); the scale products as in ltile, from the 4 rows' fp16 (d, m) pairs converted 8 at a time.
+cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb,
+                    float* out, Py_ssize_t ldo) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef __m256 acc[4][MAXT]
+    cdef __m128 ms[MAXT]
+    cdef __m256i qx[4]
+    cdef __m256i qy, seed
+    cdef __m256 dm
+    cdef __m128 dxv, mv
+    cdef float sc[SCH * MAXT * 4]
+    cdef const float* s
+    cdef float mo[4]
+    cdef const block_q8a* yb
+    cdef int r, t
+    cdef Py_ssize_t b, b0, b1
+    for t in range(T):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[t] = _mm_setzero_ps()
+        for r in range(R):
+            acc[r][t] = _mm256_setzero_ps()
+    b0 = 0
+    while b0 < nb:
+        b1 = min(nb, b0 + SCH)
+        for b in range(b0, b1):
+            # [d0, m0, d1, m1, d2, m2, d3, m3] (for the types without m, the odd lanes are unused)
+            dm = _mm256_cvtph_ps(_mm_set_epi32(
+                <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),
+                <int>load_u32(<const uint8_t*>(w + nb + b)), <int>load_u32(<const uint8_t*>(w + b))))
+            dxv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)))
+            if lblock is block_q4_1 or lblock is block_q5_1:
+                mv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)))
+            for t in range(T):
+                yb = y + t * nb + b
+                _mm_storeu_ps(&sc[((b - b0) * MAXT + t) * 4], _mm_mul_ps(dxv, _mm_set1_ps(yb.d)))
+                if lblock is block_q4_1 or lblock is block_q5_1:
+                    ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(mv, _mm_set1_ps(yb.s)))
+        lc_spill(sc)
+        for b in range(b0, b1):
+            for r in range(R):
+                qx[r] = load_u(w + r * nb + b)
+            for t in range(T):
+                yb = y + t * nb + b
+                qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+                seed = token_seed(w, qy)
+                s = &sc[((b - b0) * MAXT + t) * 4]
+                for r in range(R):
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]),
+                                                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, qx[r], qy)),
+                                                acc[r][t])
+        b0 = b1
+    for t in range(T):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            _mm_storeu_ps(mo, ms[t])
+            for r in range(R):
+                out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
+        else:
+            for r in range(R):
+                out[t * ldo + r] = hsum8(acc[r][t])
+
+
 # One decode tile: R rows (from the weights as stored) x 1 token. The scales as in matmul.pyx's decode:
 # [d, m] converted with one F16C op and multiplied by [d_x, s] in one SSE multiply.
 cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssize_t nb,
@@ -398,13 +466,14 @@ cdef inline __m256i move_bit(__m256i v, int frm, int to) noexcept nogil:
     return v
 
 
+# The 16 group scales S (int16) -> scx: step j's vector is S[2j] x 8 then S[2j+1] x 8 (one vpermw).
 cdef inline void expand_scales(__m256i S, int16_t* scx) noexcept nogil:
-    cdef __m256i mask = _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
-                                          0x0100010001000100, 0x0100010001000100)
     cdef int j
     for j in range(8):
-        _mm256_storeu_si256(<__m256i*>&scx[16 * j],
-                            _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(j)), mask))
+        _mm256_storeu_si256(<__m256i*>&scx[16 * j], _mm256_permutexvar_epi16(
+            _mm256_setr_epi32(0x10001 * 2 * j, 0x10001 * 2 * j, 0x10001 * 2 * j, 0x10001 * 2 * j,
+                              0x10001 * (2 * j + 1), 0x10001 * (2 * j + 1), 0x10001 * (2 * j + 1),
+                              0x10001 * (2 * j + 1)), S))
 
 
 cdef inline __m128i k4_scales_mins(const uint8_t* packed) noexcept nogil:
@@ -473,10 +542,14 @@ cdef inline void unpack_k(const kblock* b, krec* k, int r) noexcept nogil:
             _mm256_storeu_si256(<__m256i*>(u + 64 * j), a)
             _mm256_storeu_si256(<__m256i*>(u + 64 * j + 32), c)
         sm = k4_scales_mins(b.scales)
-        S = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm))
         O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
         k.d[r] = fp16(b.d)
         k.doff[r] = fp16(b.dmin)
+        # one scale per 32-value step: 8 int32 pairs instead of 8 vectors (ktile broadcasts them)
+        S = _mm256_cvtepu8_epi32(sm)
+        _mm256_storeu_si256(<__m256i*>k.scx[r], _mm256_or_si256(S, _mm256_slli_epi32(S, 16)))
+        _mm256_storeu_si256(<__m256i*>k.off[r], O)
+        return
     elif kblock is block_q6_K:
         for n in range(2):
             a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
@@ -545,7 +618,10 @@ cdef void ktile(const kblock* tag, const tshape* shape, const krec* w, const blo
             for t in range(T):
                 qy[t] = _mm256_loadu_si256(<const __m256i*>((y + t * nb + b).qs + 32 * j))
             for r in range(R):
-                sc = _mm256_loadu_si256(<const __m256i*>&k.scx[r][16 * j])
+                if kblock is block_q4_K or kblock is block_q5_K:
+                    sc = _mm256_set1_epi32((<const int32_t*>k.scx[r])[j])
+                else:
+                    sc = _mm256_loadu_si256(<const __m256i*>&k.scx[r][16 * j])
                 for t in range(T):
                     sumi[r][t] = _mm256_dpwssd_epi32(sumi[r][t], _mm256_maddubs_epi16(ux[r], qy[t]), sc)
         for t in range(T):
@@ -663,6 +739,40 @@ cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void
             q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs + threadid() * stride)
 
 
+# Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at
+# the end (fewer than R) one at a time with the decode tile, token by token.
+cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+                             Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
+    cdef Py_ssize_t r = g * R
+    cdef Py_ssize_t t = 0
+    if r + R <= rows:
+        while t + 4 <= n_tok:
+            ltile_raw(W + r * nb, <const tok4*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+            t += 4
+        if n_tok - t == 3:
+            ltile_raw(W + r * nb, <const tok3*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+        elif n_tok - t == 2:
+            ltile_raw(W + r * nb, <const tok2*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+        elif n_tok - t == 1:
+            ltile_raw(W + r * nb, <const tok1*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+    else:
+        while r < rows:
+            for t in range(n_tok):
+                ldec(W + r * nb, <const row1*>NULL, X + t * nb, nb, Y + t * ldy + r)
+            r += 1
+
+
+cdef void mm_raw(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+                 float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
+    if nthreads <= 1:
+        for g in range(ngroups):
+            l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
+    else:
+        for g in prange(ngroups, schedule="static", num_threads=nthreads):
+            l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
+
+
 # Decode: rows [g*R, g*R + R) against one token.
 cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
                                 float* Y, Py_ssize_t g) noexcept nogil:
@@ -726,6 +836,18 @@ cdef int mm512(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, co
             mm_decode(<const block_q5_1*>W, rows, nb, Xa, Y, nthreads)
         else:
             mm_decode(<const block_q8_0*>W, rows, nb, Xa, Y, nthreads)
+        return 1
+    if legacy and n_tok <= RAW_TOK:
+        if wtype == T_Q4_0:
+            mm_raw(<const block_q4_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
+        elif wtype == T_Q4_1:
+            mm_raw(<const block_q4_1*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
+        elif wtype == T_Q5_0:
+            mm_raw(<const block_q5_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
+        elif wtype == T_Q5_1:
+            mm_raw(<const block_q5_1*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
+        else:
+            mm_raw(<const block_q8_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
         return 1
     rec = sizeof(lrec) if legacy else sizeof(krec)
     G = group_rows(nb * rec // R)

@@ -13,11 +13,16 @@ cdef extern from "simd512.h" nogil:
     # dpwssd: src + per int32 lane the sum of the 2 products of int16 pairs: madd + add in one instruction.
     __m256i _mm256_dpwssd_epi32(__m256i src, __m256i a, __m256i b)
 
+    # AVX512BW + AVX512VL: int16 lanes of a picked by the int16 lanes of idx (across the 128-bit halves).
+    __m256i _mm256_permutexvar_epi16(__m256i idx, __m256i a)
+
     # Make the compiler read the floats at p back from memory from here on (see simd512.h).
     void lc_spill(const float* p)
 
     # AVX2 and SSE ones simd.pxd does not declare.
     __m256i _mm256_xor_si256(__m256i a, __m256i b)
+    __m256i _mm256_cvtepu8_epi32(__m128i a)
+    __m256 _mm256_permutevar8x32_ps(__m256 a, __m256i idx)
     __m128 _mm_loadu_ps(const float* p)
     void _mm_storeu_ps(float* p, __m128 a)
     __m128 _mm_set1_ps(float v)

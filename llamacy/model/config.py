@@ -82,9 +82,11 @@ class MetadataReader:
             raise UnsupportedModelError(f"{self.source}: metadata key {full} is not a number: {value!r}")
         return kind(value)
 
-    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+    def int(self, key: str, default: int | None = None, minimum: int = 1, maximum: int = 1 << 24) -> int:
+        # The upper bound keeps a hostile file from sizing lists and caches by absurd numbers; real
+        # models are far below it (the largest vocabularies are ~256k, contexts ~1M, widths ~16k).
         value = self._get(key, default, int)
-        if value < minimum:
+        if not minimum <= value <= maximum:
             raise UnsupportedModelError(f"{self.source}: {self.arch}.{key} = {value} is out of range")
         return value
 
@@ -123,9 +125,9 @@ def common_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str
         arch=arch,
         name=str(metadata.get("general.name", "")),
         n_vocab=n_vocab,
-        n_ctx_train=r.int("context_length"),
+        n_ctx_train=r.int("context_length", maximum=1 << 26),
         n_embd=n_embd,
-        n_layer=r.int("block_count"),
+        n_layer=r.int("block_count", maximum=4096),
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,

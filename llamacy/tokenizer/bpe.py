@@ -143,6 +143,11 @@ def build(vocab: Vocab, pre: PreTokenizer, merges: list[str]) -> HFTokenizer:
         pairs = [(m[: (p := m.find(" ", 1))], m[p + 1 :]) if m.find(" ", 1) > 0 else (m, "") for m in merges]
     else:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2 or not pair[0] or not pair[1]:
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.merges[{i}] = {merges[i]!r} is not two tokens split by a space"
+            )
     known = vocab.token_to_id
     unk = UNKNOWN_CHAR
     while unk in known:

@@ -1,0 +1,270 @@
+"""The AVX-512 VNNI kernels (llamacy.kernels.matmul512) and their run-time dispatch.
+
+They are held against the same oracle as the AVX2 kernels (tests/test_kernels.py, whose helpers these
+tests import) and against the AVX2 kernels themselves:
+- vs the gguf oracle: the tolerances of test_kernels.py (1e-5 * B on the activations the kernel multiplies,
+  the activation quantization bound on the float activations), B = sum_j |w_j| |x_j|.
+- vs AVX2: bit-identical. Both sum the same int32 lanes exactly and scale them with the same float
+  operations in the same order. One known exception, from the AVX2 side: for Q4_1/Q5_1 the AVX2 tile of one
+  row x 4 tokens (the last row of an odd row count) has its min term m * s fused into an FMA by the compiler,
+  where every other AVX2 tile rounds the product first; there the two may differ by float rounding
+  (allowed: 1e-6 * B, the SIMD-vs-scalar tolerance of test_kernels.py). Against the AVX2 kernel run one token
+  at a time (which rounds the product) the VNNI kernels are bit-identical everywhere.
+- thread counts 1 and 2: bit-identical.
+The dispatch tests run in subprocesses: LLAMACY_NO_AVX512=1 selects AVX2, and on a CPU without AVX-512
+(simulated) matmul512 is never imported.
+
+Skipped where the CPU (or the build) has no AVX-512 F/BW/VL + VNNI, except the dispatch tests that
+simulate such a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llamacy.kernels import cpu, quant
+from llamacy.kernels import matmul as mm
+from tests.test_kernels import (
+    FLOATS,
+    KQUANTS,
+    LEGACY,
+    T,
+    _f16_bytes,
+    act_half_steps,
+    act_values,
+    bound_abs,
+    make_weights,
+    oracle_weights,
+    worst,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+QUANTS = LEGACY + KQUANTS
+N_TOK = [1, 2, 3, 4, 5, 8, 16, 64]
+# (rows, cols): odd row counts (tile and work-item remainders: 4-row tiles, 16-row work items)
+SHAPES = {
+    "legacy": [(1, 32), (3, 64), (17, 96), (33, 576), (7, 1536)],
+    "k": [(1, 256), (3, 512), (17, 768), (37, 1536)],
+}
+MIN_TYPES = (T.Q4_1, T.Q5_1)
+
+needs_vnni = pytest.mark.skipif(not mm.vnni_available(), reason=f"AVX-512 VNNI kernels: {mm.AVX512_STATUS}")
+
+
+def shapes(t: T) -> list[tuple[int, int]]:
+    return SHAPES["k" if t in KQUANTS else "legacy"]
+
+
+def _cases():
+    for t in QUANTS:
+        for rows, cols in shapes(t):
+            yield pytest.param(t, rows, cols, id=f"{t.name}-{rows}x{cols}")
+
+
+def assert_same_as_avx2(t: T, Y: np.ndarray, Yavx2: np.ndarray, B: np.ndarray, what) -> None:
+    """Bit-identical, but for the AVX2 side's fused min term (see the module docstring)."""
+    same = Y.view(np.uint32) == Yavx2.view(np.uint32)
+    rows = Y.shape[1]
+    if t in MIN_TYPES and rows % 2 == 1:
+        assert same[:, : rows - 1].all(), what
+        assert worst(np.abs(Y[:, -1] - Yavx2[:, -1]), 1e-6 * B[:, -1]) <= 1, what
+    else:
+        assert same.all(), (what, np.argwhere(~same)[:5])
+
+
+@needs_vnni
+@pytest.mark.parametrize("t,rows,cols", list(_cases()))
+def test_vnni_against_oracle_and_avx2(t, rows, cols):
+    rng = np.random.default_rng(rows * 1000 + cols + int(t))
+    data = make_weights(t, rows, cols, rng)
+    Wd = oracle_weights(t, data, rows, cols)
+    for n in N_TOK:
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        Xd = act_values(t, quant.quantize_act(int(t), x), n, cols)
+        B = bound_abs(Wd, Xd)
+        Y = mm.matmul_py(data, int(t), x, impl="vnni")
+        assert Y.shape == (n, rows) and Y.dtype == np.float32
+        assert worst(np.abs(Y - Xd @ Wd.T), 1e-5 * B) <= 1, n
+        quant_err = act_half_steps(t, x) @ np.abs(Wd).T
+        assert worst(np.abs(Y - x.astype(np.float64) @ Wd.T), 1.001 * quant_err + 1e-5 * B) <= 1, n
+        assert_same_as_avx2(t, Y, mm.matmul_py(data, int(t), x, impl="simd"), B, n)
+        # the AVX2 kernel one token at a time: bit-identical everywhere
+        one = np.concatenate([mm.matmul_py(data, int(t), x[i : i + 1], impl="simd") for i in range(n)])
+        assert np.array_equal(Y.view(np.uint32), one.view(np.uint32)), n
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_vnni_many_tokens_long_rows(t):
+    """Token chunks (64) crossed, and rows so long that a work item holds only one 4-row tile."""
+    rng = np.random.default_rng(20 + int(t))
+    cols = 25600 if t in KQUANTS else 16384
+    data = make_weights(t, 9, cols, rng)
+    Wd = oracle_weights(t, data, 9, cols)
+    for n in (5, 131):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        Xd = act_values(t, quant.quantize_act(int(t), x), n, cols)
+        B = bound_abs(Wd, Xd)
+        Y = mm.matmul_py(data, int(t), x, impl="vnni")
+        assert worst(np.abs(Y - Xd @ Wd.T), 1e-5 * B) <= 1, n
+        assert_same_as_avx2(t, Y, mm.matmul_py(data, int(t), x, impl="simd"), B, n)
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", [T.Q4_1, T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_vnni_threads_give_identical_results(t):
+    rng = np.random.default_rng(5)
+    cols = 512 if t in KQUANTS else 96
+    data = make_weights(t, 70, cols, rng)
+    for n in (1, 5, 67):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        y1 = mm.matmul_py(data, int(t), x, nthreads=1, impl="vnni")
+        y2 = mm.matmul_py(data, int(t), x, nthreads=2, impl="vnni")
+        assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), n
+
+
+@needs_vnni
+def test_vnni_q8_0_full_byte_range():
+    """-128 quants (a file may hold them): the signed-weights form must cope, bit-identical to AVX2."""
+    rng = np.random.default_rng(7)
+    rows, cols = 9, 128
+    raw = rng.integers(0, 256, size=(rows * cols // 32, 34), dtype=np.uint8)
+    raw[:, 0:2] = _f16_bytes(rng.uniform(-0.1, 0.1, rows * cols // 32))
+    raw[:, 2:6] = 0x80
+    data = raw.reshape(rows, -1)
+    Wd = oracle_weights(T.Q8_0, data, rows, cols)
+    for n in (1, 6, 64):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        x[:, :32] = np.where(x[:, :32] > 0, 10.0, -10.0)  # activation quants of +-127
+        Xd = act_values(T.Q8_0, quant.quantize_act(int(T.Q8_0), x), n, cols)
+        Y = mm.matmul_py(data, int(T.Q8_0), x, impl="vnni")
+        assert worst(np.abs(Y - Xd @ Wd.T), 1e-5 * bound_abs(Wd, Xd)) <= 1
+        assert np.array_equal(Y, mm.matmul_py(data, int(T.Q8_0), x, impl="simd"))
+
+
+@needs_vnni
+def test_vnni_zero_activations_and_row_stride():
+    rng = np.random.default_rng(8)
+    for t in (T.Q4_0, T.Q5_1, T.Q2_K, T.Q4_K):
+        data = make_weights(t, 5, 256, rng)
+        for n in (1, 4, 7):
+            assert not mm.matmul_py(data, int(t), np.zeros((n, 256), np.float32), impl="vnni").any()
+            x = rng.standard_normal((n, 256)).astype(np.float32)
+            out = np.full((n, 12), 7.0, dtype=np.float32)
+            assert mm.matmul_py(data, int(t), x, out=out, impl="vnni") is out
+            assert np.array_equal(out[:, :5], mm.matmul_py(data, int(t), x, impl="vnni"))
+            assert (out[:, 5:] == 7.0).all()
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", FLOATS, ids=lambda t: t.name)
+def test_vnni_leaves_float_weights_to_avx2(t):
+    rng = np.random.default_rng(9)
+    data = make_weights(t, 7, 64, rng)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    assert np.array_equal(
+        mm.matmul_py(data, int(t), x, impl="vnni"), mm.matmul_py(data, int(t), x, impl="simd")
+    )
+
+
+@needs_vnni
+def test_auto_is_vnni_here():
+    """matmul() (what the forward pass calls; matmul_py's impl="auto") takes the VNNI kernels."""
+    assert mm.kernel_path() == "avx512-vnni"
+    rng = np.random.default_rng(10)
+    for t in (T.Q4_1, T.Q6_K):
+        data = make_weights(t, 6, 512, rng)
+        x = rng.standard_normal((9, 512)).astype(np.float32)
+        assert np.array_equal(mm.matmul_py(data, int(t), x), mm.matmul_py(data, int(t), x, impl="vnni"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Features and dispatch
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def test_avx512_features_match_proc_cpuinfo():
+    feats = cpu.avx512_features()
+    assert set(feats) == {"avx512f", "avx512bw", "avx512vl", "avx512vnni"}
+    assert cpu.has_avx512_vnni() == all(feats.values())
+    flags = _cpuinfo_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo flags")
+    names = {
+        "avx512f": "avx512f",
+        "avx512bw": "avx512bw",
+        "avx512vl": "avx512vl",
+        "avx512vnni": "avx512_vnni",
+    }
+    assert feats == {k: v in flags for k, v in names.items()}
+    if quant.simd_build() and cpu.has_avx512_vnni():
+        assert mm.vnni_available(), mm.AVX512_STATUS
+
+
+def _run(code: str, **env: str) -> str:
+    full = {**os.environ, **env}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=full, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+_COMPARE = """
+import numpy as np
+from llamacy.kernels import matmul as mm
+from tests.test_kernels import make_weights, T
+rng = np.random.default_rng(0)
+ok = True
+for t in (T.Q4_0, T.Q4_K):
+    data = make_weights(t, 9, 512, rng)
+    x = rng.standard_normal((6, 512)).astype(np.float32)
+    ok &= np.array_equal(mm.matmul_py(data, int(t), x), mm.matmul_py(data, int(t), x, impl="simd"))
+print(mm.kernel_path(), mm.AVX512_STATUS, ok)
+"""
+
+
+@needs_vnni
+def test_no_avx512_env_selects_avx2():
+    assert _run(_COMPARE, LLAMACY_NO_AVX512="1") == "avx2 off (LLAMACY_NO_AVX512) True"
+    assert _run(_COMPARE, LLAMACY_NO_AVX512="0").startswith("avx512-vnni available")
+
+
+def test_cpu_without_avx512_never_imports_matmul512():
+    """A CPU without AVX-512 (simulated): matmul runs, on AVX2, and the AVX-512 module is never loaded."""
+    if not quant.simd_build():
+        pytest.skip("portable build: no SIMD kernels at all")
+    code = """
+import sys
+from llamacy.kernels import cpu
+cpu.has_avx512_vnni = lambda: False
+import numpy as np
+from llamacy.kernels import matmul as mm
+assert "llamacy.kernels.matmul512" not in sys.modules
+try:
+    mm.matmul_py(np.zeros((1, 18), np.uint8), 2, np.zeros((1, 32), np.float32), impl="vnni")
+except ValueError as e:
+    print("ValueError:", e)
+print(mm.kernel_path(), mm.vnni_available())
+"""
+    out = _run(code)
+    assert out.splitlines() == [
+        "ValueError: impl 'vnni' is not available here: this CPU lacks AVX-512 F/BW/VL/VNNI",
+        "avx2 False",
+    ]

@@ -6,36 +6,37 @@
 # function pointer chosen once at import. A portable build does not build it.
 #
 # Why it is faster. On Zen 4 (and Intel) the integer multiplies (maddubs, madd, dpbusd, dpwssd) and the
-# float multiplies/FMAs share two pipes; per 32 values per (row, token) the AVX2 tile spends four of them
-# (maddubs, madd, the scale multiply, the FMA) plus, per weight block, the nibble unpacking and fp16
-# conversions, amortised over only 4 tokens, with 16 registers. Here:
-#   - dpbusd (u8 x s8, 4 products per int32 lane) replaces maddubs + madd; for the K-quants dpwssd replaces
-#     madd + add. Both give the very int32 lanes the AVX2 code gives (no int16 saturation is possible in
-#     either: |u| <= 128, |q8| <= 127), so the float part can follow the AVX2 order exactly.
-#   - Rows are repacked once per work item (GR rows) into a stack buffer: quants unpacked to unsigned bytes,
-#     fp16 scales converted; K-quant scales expanded to the int16 vectors dpwssd takes. Every token of the
-#     call then reuses them, instead of every 4 tokens unpacking again.
+# float multiplies/FMAs share two pipes, and the shuffles share pipes with them and with the int->float
+# conversions. Per 32 values per (row, token) the AVX2 tile spends four multiplier slots (maddubs, madd,
+# the scale multiply, the FMA) plus a broadcast, and per weight block the nibble unpacking and fp16
+# conversions, amortised over 4 tokens, with 16 registers. Here:
+#   - dpbusd (u8 x s8, 4 products per int32 lane, no saturation) replaces maddubs + madd; for the K-quants
+#     dpwssd replaces madd + add. Both give the very int32 lanes of the AVX2 code (whose maddubs cannot
+#     saturate on these inputs), so the float part can follow the AVX2 order exactly.
+#   - Prefill (n_tok > RAW_TOK) repacks the rows of a work item (GR rows) once per call into a per-thread
+#     buffer: quants unpacked, fp16 scales converted, K-quant scales expanded to what dpwssd takes. All
+#     the tokens then reuse them, instead of every 4 tokens unpacking again (see lrec, krec).
 #   - The 256-bit EVEX forms address 32 ymm registers: a tile is 4 rows x 4 tokens (16 accumulators).
-#   - The scale products d_w * d_x of a block are made 4 rows at a time (one SSE multiply per token) and
-#     broadcast from memory into the FMA.
-# The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add throughput on Zen 4
-# (double-pumped) and would change the order of the float sums.
-#
-# The offsets. dpbusd wants one unsigned operand: the weights. Q4_0 and Q5_0 quants are stored unsigned
-# (q, with x = d*(q - 8) / d*(q - 16)); Q8_0 quants are biased to q + 128. The offset's share,
-# c * sum(x quants) per 4-value lane (c = 8, 16, 128), is made once per token block with one dpbusd and
-# seeds the accumulator negated, so that the result is exactly the AVX2 lane sum of (q - c) * x.
+#   - The scale products d_w * d_x are made 4 rows at a time (one SSE multiply per token and block), stored,
+#     and each FMA takes its one as a broadcast from memory: a load, not a shuffle.
+#   - Few tokens (n_tok <= RAW_TOK, legacy types): the same tiles straight from the weights as stored
+#     (ltile_raw): with so few tokens, unpacking a block where it is used beats storing and reloading it.
+#   - Decode (n_tok == 1, legacy types): matmul.pyx's decode tile with dpbusd (ldec).
+# The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add multiplier throughput on
+# Zen 4 (double-pumped) and would change the order of the float sums.
 #
 # Float order (bit-equality with matmul.pyx, tested in tests/test_kernels_512.py). Per (row, token):
 #   legacy:  acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order; Y = hsum8(acc),
 #            + sum_b (m_w * s_x) in order for Q4_1/Q5_1 (products rounded, then added: no contraction,
 #            see setup.py's -ffp-contract=off).
 #   K-quants: as matmul.pyx's kdot.
-# AVX2 uses those same formulas for every tile shape (decode and prefill), so one formula here matches all.
+# AVX2 uses those same formulas for its tile shapes (decode and prefill), so one formula here matches them
+# (test_kernels_512.py names the one AVX2 tile where the compiler fused the min term).
 #
 # What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, and the
-# legacy types with n_tok == 1 (decode: a matvec, streamed, no repacking). K-quant decode and the float
-# types stay on the AVX2 kernels (mm512 returns 0), as do rows too long for the repack buffer.
+# legacy types with n_tok == 1. K-quant decode (a row's super-block unpacking dominates it, and in a whole
+# model it streams from memory) and the float types stay on the AVX2 kernels (mm512 returns 0), as does a
+# call whose repack buffer cannot be allocated.
 from cpython.pycapsule cimport PyCapsule_New
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
@@ -90,6 +91,7 @@ cdef enum:
     PF_TILES = 2    # decode: prefetch distance, in tiles
     SCH = 16        # prefill: blocks per batch of scale products (ltile)
     RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile_raw)
+    COMPACT_TOK = 8  # Q2_K, Q3_K, Q6_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
 
 
@@ -111,6 +113,9 @@ ctypedef struct krec:
     # per 32-value step j, what dpwssd multiplies step j's 16 int16 pair sums with:
     #   Q4_K, Q5_K (one scale per 32 values): the int32 (sc_j << 16 | sc_j) at scx[r][2j], broadcast in ktile
     #   Q2_K, Q3_K, Q6_K: the scale of group 2j in int16 lanes 0..7, of group 2j+1 in lanes 8..15
+    #     (expanded); or, with few tokens (n_tok <= COMPACT_TOK), just the 16 scales, expanded step by step
+    #     in ktile (one vpermw per row and step): 8 stores fewer per row and super-block, which is what
+    #     bounds the repacking, against 8 shuffles per row and super-block per tile.
     int16_t scx[4][128]
     int16_t off[4][16]
     float d[4]
@@ -160,6 +165,16 @@ ctypedef fused tshape:
     tok2
     tok3
     tok4
+
+# How ktile finds the Q2_K/Q3_K/Q6_K scales (see krec): as types, so that each ktile is compiled for one.
+ctypedef struct scx_expanded:
+    char unused
+ctypedef struct scx_compact:
+    char unused
+
+ctypedef fused scxform:
+    scx_expanded
+    scx_compact
 
 ctypedef struct row1:
     char unused
@@ -430,7 +445,8 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
     cdef Py_ssize_t pfstep = RR * sizeof(lblock)
     for r in range(RR):
         acc[r] = _mm256_setzero_ps()
-        ms[r] = _mm_setzero_ps()
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[r] = _mm_setzero_ps()
     for b in range(nb):
         # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
         for k in range(0, pfstep, 64):
@@ -476,15 +492,22 @@ cdef inline void expand_scales(__m256i S, int16_t* scx) noexcept nogil:
                               0x10001 * (2 * j + 1)), S))
 
 
+# Q4_K/Q5_K: the 12 packed bytes -> 8 scales (bytes 0..7) and 8 mins (bytes 8..15), in SSE registers
+# (matmul.pyx does it with 32-bit words). Reads 16 bytes from `packed`: the 4 after the scales are the
+# block's first quants, unused.
+#   sc 0..3 = q[0..3] & 63          sc 4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4
+#   m  0..3 = q[4..7] & 63          m  4..7 = (q[8..11] >> 4) | (q[4..7] >> 6) << 4
 cdef inline __m128i k4_scales_mins(const uint8_t* packed) noexcept nogil:
-    cdef uint32_t a0, a1, a2, s2, s3
-    memcpy(&a0, packed, 4)
-    memcpy(&a1, packed + 4, 4)
-    memcpy(&a2, packed + 8, 4)
-    s2 = a1 & 0x3f3f3f3f
-    s3 = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4)
-    return _mm_set_epi32(<int>s3, <int>s2, <int>((a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4)),
-                         <int>(a0 & 0x3f3f3f3f))
+    cdef __m128i q = _mm_loadu_si128(<const __m128i*>packed)
+    cdef __m128i a = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11))
+    cdef __m128i h = _mm_shuffle_epi8(q, _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3,
+                                                       -128, -128, -128, -128, 4, 5, 6, 7))
+    cdef __m128i lo = _mm_or_si128(
+        _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)))
+    # (h >> 6) << 4 per byte: a 16-bit shift by 2, keeping bits 4..5 (what crosses bytes lands in 6..7)
+    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_setr_epi8(
+        0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30)))
 
 
 cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
@@ -500,10 +523,11 @@ cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
 
 
 # One super-block into slot r of record k (matmul.pyx's unpack_k).
-cdef inline void unpack_k(const kblock* b, krec* k, int r) noexcept nogil:
+cdef inline void unpack_k(const kblock* b, krec* k, int r, bint expand) noexcept nogil:
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
     cdef __m256i v, hb, a, c, S, O
     cdef __m128i sm
+    cdef __m128 dd
     cdef uint8_t* u = k.u[r]
     cdef int j, n
     if kblock is block_q2_K:
@@ -543,13 +567,12 @@ cdef inline void unpack_k(const kblock* b, krec* k, int r) noexcept nogil:
             _mm256_storeu_si256(<__m256i*>(u + 64 * j + 32), c)
         sm = k4_scales_mins(b.scales)
         O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
-        k.d[r] = fp16(b.d)
-        k.doff[r] = fp16(b.dmin)
-        # one scale per 32-value step: 8 int32 pairs instead of 8 vectors (ktile broadcasts them)
+        dd = _mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>b)))  # [d, dmin, ., .]
+        k.d[r] = _mm_cvtss_f32(dd)
+        k.doff[r] = _mm_cvtss_f32(_mm_movehdup_ps(dd))
+        # one scale per 32-value step: 8 int32 pairs (sc << 16 | sc) instead of 8 vectors (ktile broadcasts)
         S = _mm256_cvtepu8_epi32(sm)
-        _mm256_storeu_si256(<__m256i*>k.scx[r], _mm256_or_si256(S, _mm256_slli_epi32(S, 16)))
-        _mm256_storeu_si256(<__m256i*>k.off[r], O)
-        return
+        S = _mm256_or_si256(S, _mm256_slli_epi32(S, 16))
     elif kblock is block_q6_K:
         for n in range(2):
             a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
@@ -569,13 +592,16 @@ cdef inline void unpack_k(const kblock* b, krec* k, int r) noexcept nogil:
         k.d[r] = fp16(b.d)
         k.doff[r] = k.d[r]
     _mm256_storeu_si256(<__m256i*>k.off[r], O)
-    expand_scales(S, k.scx[r])
+    if kblock is block_q4_K or kblock is block_q5_K or not expand:
+        _mm256_storeu_si256(<__m256i*>k.scx[r], S)
+    else:
+        expand_scales(S, k.scx[r])
 
 
-cdef void repack_k(const kblock* w, Py_ssize_t nb, krec* dst, int r) noexcept nogil:
+cdef void repack_k(const kblock* w, Py_ssize_t nb, krec* dst, int r, bint expand) noexcept nogil:
     cdef Py_ssize_t b
     for b in range(nb):
-        unpack_k(w + b, dst + b, r)
+        unpack_k(w + b, dst + b, r, expand)
 
 
 cdef void repack_k_empty(Py_ssize_t nb, krec* dst, int r) noexcept nogil:
@@ -591,15 +617,15 @@ cdef void repack_k_empty(Py_ssize_t nb, krec* dst, int r) noexcept nogil:
 # One prefill tile of a K-quant: the R repacked rows w[0..nb) x T tokens from y (nb super-blocks apart).
 # Per super-block the int32 lanes of every (row, token) are summed in registers with maddubs + dpwssd
 # (= AVX2's maddubs, madd, add), then scaled into float accumulators exactly as matmul.pyx's kdot.
-cdef void ktile(const kblock* tag, const tshape* shape, const krec* w, const block_q8k* y, Py_ssize_t nb,
-                float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
+cdef void ktile(const kblock* tag, const tshape* shape, const scxform* form, const krec* w,
+                const block_q8k* y, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef bint same_d = kblock is block_q3_K or kblock is block_q6_K
     cdef __m256 acc[4][MAXT]
     cdef __m256i sumi[4][MAXT]
     cdef __m256i ux[4]
     cdef __m256i qy[MAXT]
-    cdef __m256i sc, o, bs
+    cdef __m256i sc, o, bs, idx
     cdef const krec* k
     cdef const block_q8k* yb
     cdef int r, t, j
@@ -613,6 +639,9 @@ cdef void ktile(const kblock* tag, const tshape* shape, const krec* w, const blo
             for t in range(T):
                 sumi[r][t] = _mm256_setzero_si256()
         for j in range(8):
+            # int16 lanes 0..7 pick the scale of group 2j, lanes 8..15 that of group 2j + 1
+            idx = _mm256_add_epi16(_mm256_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001),
+                                   _mm256_set1_epi16(2 * j))
             for r in range(R):
                 ux[r] = _mm256_loadu_si256(<const __m256i*>(k.u[r] + 32 * j))
             for t in range(T):
@@ -620,8 +649,10 @@ cdef void ktile(const kblock* tag, const tshape* shape, const krec* w, const blo
             for r in range(R):
                 if kblock is block_q4_K or kblock is block_q5_K:
                     sc = _mm256_set1_epi32((<const int32_t*>k.scx[r])[j])
-                else:
+                elif scxform is scx_expanded:
                     sc = _mm256_loadu_si256(<const __m256i*>&k.scx[r][16 * j])
+                else:
+                    sc = _mm256_permutexvar_epi16(idx, _mm256_loadu_si256(<const __m256i*>k.scx[r]))
                 for t in range(T):
                     sumi[r][t] = _mm256_dpwssd_epi32(sumi[r][t], _mm256_maddubs_epi16(ux[r], qy[t]), sc)
         for t in range(T):
@@ -646,84 +677,82 @@ cdef void ktile(const kblock* tag, const tshape* shape, const krec* w, const blo
 # Drivers
 
 
-# Prefill work item g: rows [g*G, g*G + G), repacked once into the stack buffer, against every token,
-# chunk by chunk of TCH tokens; tiles of R rows x 4 tokens, then one tile of the 1-3 tokens left.
-cdef void l_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
-                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, lrec* buf) noexcept nogil:
-    cdef Py_ssize_t r0 = g * G
-    cdef Py_ssize_t nr = min(rows - r0, G)
-    cdef Py_ssize_t ntiles = (nr + R - 1) // R
-    cdef Py_ssize_t i, t0, t1, t, rr
-    cdef int r, nvalid
-    cdef const lrec* wt
-    for i in range(ntiles):
-        for r in range(R):
-            rr = i * R + r
-            if rr < nr:
-                repack_l(W + (r0 + rr) * nb, nb, buf + i * nb, r)
-            else:
-                repack_l_empty(nb, buf + i * nb, r)
-    t0 = 0
-    while t0 < n_tok:
-        t1 = min(n_tok, t0 + TCH)
-        for i in range(ntiles):
-            wt = buf + i * nb
-            nvalid = <int>min(<Py_ssize_t>R, nr - i * R)
-            t = t0
-            while t + 4 <= t1:
-                ltile(W, <const tok4*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-                t += 4
-            if t1 - t == 3:
-                ltile(W, <const tok3*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-            elif t1 - t == 2:
-                ltile(W, <const tok2*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-            elif t1 - t == 1:
-                ltile(W, <const tok1*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-        t0 = t1
-
-
-cdef void k_group(const kblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X, Py_ssize_t n_tok,
-                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, krec* buf) noexcept nogil:
-    cdef Py_ssize_t r0 = g * G
-    cdef Py_ssize_t nr = min(rows - r0, G)
-    cdef Py_ssize_t ntiles = (nr + R - 1) // R
-    cdef Py_ssize_t i, t0, t1, t, rr
-    cdef int r, nvalid
-    cdef const krec* wt
-    for i in range(ntiles):
-        for r in range(R):
-            rr = i * R + r
-            if rr < nr:
-                repack_k(W + (r0 + rr) * nb, nb, buf + i * nb, r)
-            else:
-                repack_k_empty(nb, buf + i * nb, r)
-    t0 = 0
-    while t0 < n_tok:
-        t1 = min(n_tok, t0 + TCH)
-        for i in range(ntiles):
-            wt = buf + i * nb
-            nvalid = <int>min(<Py_ssize_t>R, nr - i * R)
-            t = t0
-            while t + 4 <= t1:
-                ktile(W, <const tok4*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-                t += 4
-            if t1 - t == 3:
-                ktile(W, <const tok3*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-            elif t1 - t == 2:
-                ktile(W, <const tok2*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-            elif t1 - t == 1:
-                ktile(W, <const tok1*>NULL, wt, X + t * nb, nb, Y + t * ldy + r0 + i * R, ldy, nvalid)
-        t0 = t1
-
-
-# Work item g, its repacked rows in buf.
-cdef inline void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
-                         float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, void* buf) noexcept nogil:
+# One tile of any quantized type: repacked row tile wt x T tokens from X + t0.
+cdef inline void qtile(const qblock* tag, const tshape* shape, const void* wt, const void* X, Py_ssize_t t0,
+                       Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid, bint expanded) noexcept nogil:
     if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
             or qblock is block_q6_K:
-        k_group(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy, G, g, <krec*>buf)
+        if expanded:
+            ktile(tag, shape, <const scx_expanded*>NULL, <const krec*>wt, <const block_q8k*>X + t0 * nb, nb, out,
+                  ldo, nvalid)
+        else:
+            ktile(tag, shape, <const scx_compact*>NULL, <const krec*>wt, <const block_q8k*>X + t0 * nb, nb, out,
+                  ldo, nvalid)
     else:
-        l_group(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy, G, g, <lrec*>buf)
+        ltile(tag, shape, <const lrec*>wt, <const block_q8a*>X + t0 * nb, nb, out, ldo, nvalid)
+
+
+# Rows [r0, r0 + R) (those below `rows`; zeros for the others) into the records of row tile wt.
+cdef inline void repack_tile(const qblock* W, Py_ssize_t rows, Py_ssize_t r0, Py_ssize_t nb, void* wt,
+                             bint expand) noexcept nogil:
+    cdef int r
+    for r in range(R):
+        if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
+                or qblock is block_q6_K:
+            if r0 + r < rows:
+                repack_k(W + (r0 + r) * nb, nb, <krec*>wt, r, expand)
+            else:
+                repack_k_empty(nb, <krec*>wt, r)
+        else:
+            if r0 + r < rows:
+                repack_l(W + (r0 + r) * nb, nb, <lrec*>wt, r)
+            else:
+                repack_l_empty(nb, <lrec*>wt, r)
+
+
+# Repacked row tile wt (output rows from r0, nvalid of them) against tokens [t0, t1): tiles of 4 tokens,
+# then one of the 1-3 left.
+cdef inline void tile_tokens(const qblock* W, const void* wt, const void* X, Py_ssize_t t0, Py_ssize_t t1,
+                             Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0, int nvalid,
+                             bint expanded) noexcept nogil:
+    cdef Py_ssize_t t = t0
+    while t + 4 <= t1:
+        qtile(W, <const tok4*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        t += 4
+    if t1 - t == 3:
+        qtile(W, <const tok3*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+    elif t1 - t == 2:
+        qtile(W, <const tok2*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+    elif t1 - t == 1:
+        qtile(W, <const tok1*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+
+
+# Prefill work item g: rows [g*G, g*G + G), repacked into buf (rec bytes per block of R rows), against every
+# token. With one chunk of tokens (n_tok <= TCH) each row tile is repacked right before its tiles run, so
+# that they find it in L1; with more, the whole work item is repacked first and the tokens go chunk by chunk
+# of TCH, each row tile in turn (the work item's rows stay in L2, a chunk's activations too).
+cdef void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
+                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, char* buf, Py_ssize_t rec) noexcept nogil:
+    cdef Py_ssize_t r0 = g * G
+    cdef Py_ssize_t r1 = min(rows, r0 + G)
+    cdef Py_ssize_t ntiles = (r1 - r0 + R - 1) // R
+    cdef Py_ssize_t i, t0, t1
+    cdef bint expand = n_tok > COMPACT_TOK
+    if n_tok <= TCH:
+        for i in range(ntiles):
+            repack_tile(W, r1, r0 + i * R, nb, buf + i * nb * rec, expand)
+            tile_tokens(W, buf + i * nb * rec, X, 0, n_tok, nb, Y, ldy, r0 + i * R,
+                        <int>min(<Py_ssize_t>R, r1 - r0 - i * R), expand)
+        return
+    for i in range(ntiles):
+        repack_tile(W, r1, r0 + i * R, nb, buf + i * nb * rec, expand)
+    t0 = 0
+    while t0 < n_tok:
+        t1 = min(n_tok, t0 + TCH)
+        for i in range(ntiles):
+            tile_tokens(W, buf + i * nb * rec, X, t0, t1, nb, Y, ldy, r0 + i * R,
+                        <int>min(<Py_ssize_t>R, r1 - r0 - i * R), expand)
+        t0 = t1
 
 
 # bufs: nthreads slices of `stride` bytes, one per thread.
@@ -731,12 +760,14 @@ cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void
                      float* Y, Py_ssize_t ldy, int nthreads, Py_ssize_t G, char* bufs,
                      Py_ssize_t stride) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
+    cdef Py_ssize_t rec = sizeof(krec) if qblock is block_q2_K or qblock is block_q3_K \
+        or qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K else sizeof(lrec)
     if nthreads <= 1:
         for g in range(ngroups):
-            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs)
+            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs, rec)
     else:
         for g in prange(ngroups, schedule="static", num_threads=nthreads):
-            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs + threadid() * stride)
+            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs + threadid() * stride, rec)
 
 
 # Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at

@@ -23,6 +23,12 @@ cdef extern from "simd512.h" nogil:
     __m256i _mm256_xor_si256(__m256i a, __m256i b)
     __m256i _mm256_cvtepu8_epi32(__m128i a)
     __m256 _mm256_permutevar8x32_ps(__m256 a, __m256i idx)
+    __m128i _mm_shuffle_epi8(__m128i a, __m128i mask)
+    __m128i _mm_srli_epi16(__m128i a, int n)
+    __m128i _mm_and_si128(__m128i a, __m128i b)
+    __m128i _mm_or_si128(__m128i a, __m128i b)
+    __m128i _mm_setr_epi8(char a0, char a1, char a2, char a3, char a4, char a5, char a6, char a7,
+                          char a8, char a9, char a10, char a11, char a12, char a13, char a14, char a15)
     __m128 _mm_loadu_ps(const float* p)
     void _mm_storeu_ps(float* p, __m128 a)
     __m128 _mm_set1_ps(float v)

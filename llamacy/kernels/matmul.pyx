@@ -11,8 +11,8 @@
 #   decode (n_tok == 1): DR rows x 1 token (a matvec), prefetching the weights a few tiles ahead;
 #   prefill (n_tok > 1): PR rows x PT tokens, looping over token chunks of TCH inside a group of GR rows so
 #   that the group's weight rows stay in L1 while a chunk of activations stays in L2.
-# Output rows are split over OpenMP threads (prange, static schedule) in groups; nthreads == 1 opens no
-# parallel region. Nothing is allocated per call: the tiles live on the stack.
+# Output rows are split over the thread team (parallel.pxd) in chunks of SPLIT_ROWS; nthreads == 1 uses no
+# other thread. Nothing is allocated per call: the tiles live on the stack.
 #
 # Every SIMD kernel has a scalar twin (vd_*_scalar: plain loops over blocks, one row x one token) that is
 # what a portable build runs and what the tests hold the SIMD kernels against.
@@ -21,8 +21,7 @@
 # numbers, bit for bit, faster with several tokens); they take the quantized types and leave the rest here.
 # They are chosen once, at import (see "AVX-512 VNNI dispatch" below); LLAMACY_NO_AVX512=1 keeps AVX2.
 from cpython.pycapsule cimport PyCapsule_GetPointer
-from cython.parallel cimport prange
-from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int64_t, int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
 import os
@@ -30,6 +29,9 @@ import numpy as np
 import time
 
 from llamacy.kernels.blocks cimport *
+from llamacy.kernels.parallel cimport parallel_for
+
+from llamacy.kernels.parallel import ensure_threads
 from llamacy.kernels.quant cimport (
     ACT_F32, ACT_Q8A, ACT_Q8K, IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_format, act_row_bytes, block_q8a,
     block_q8k, quantize_act_row_impl, weight_block_bytes, weight_block_values,
@@ -431,14 +433,9 @@ cdef void mm_scalar(vd_fn fn, const uint8_t* W, Py_ssize_t wrb, Py_ssize_t rows,
                     const uint8_t* X, Py_ssize_t xrb, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy,
                     int nthreads) noexcept nogil:
     cdef Py_ssize_t r, t
-    if nthreads <= 1:
-        for r in range(rows):
-            for t in range(n_tok):
-                Y[t * ldy + r] = fn(W + r * wrb, X + t * xrb, cols)
-    else:
-        for r in prange(rows, schedule="static", num_threads=nthreads):
-            for t in range(n_tok):
-                Y[t * ldy + r] = fn(W + r * wrb, X + t * xrb, cols)
+    for r in range(rows):
+        for t in range(n_tok):
+            Y[t * ldy + r] = fn(W + r * wrb, X + t * xrb, cols)
 
 
 # =========================================================================================================
@@ -574,7 +571,7 @@ cdef void tile_lg(const lblock* w, const tshape* shape, const block_q8a* y, Py_s
                 acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dx[r], dy),
                                             _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[r][t])
                 if lblock is block_q4_1 or lblock is block_q5_1:
-                    moff[r][t] += mx[r] * yb.s
+                    moff[r][t] += lc_no_contract(mx[r] * yb.s)  # as the VNNI path: no FMA
     for r in range(R):
         for t in range(T):
             out[t * ldo + r] = hsum8(acc[r][t]) + moff[r][t]
@@ -824,20 +821,12 @@ cdef void mm_q(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, P
     cdef Py_ssize_t g, ngroups
     if n_tok == 1:
         ngroups = (rows + DR - 1) // DR
-        if nthreads <= 1:
-            for g in range(ngroups):
-                q_decode_group(W, rows, nb, X, Y, g)
-        else:
-            for g in prange(ngroups, schedule="static", num_threads=nthreads):
-                q_decode_group(W, rows, nb, X, Y, g)
+        for g in range(ngroups):
+            q_decode_group(W, rows, nb, X, Y, g)
     else:
         ngroups = (rows + GR - 1) // GR
-        if nthreads <= 1:
-            for g in range(ngroups):
-                q_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
-        else:
-            for g in prange(ngroups, schedule="static", num_threads=nthreads):
-                q_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
+        for g in range(ngroups):
+            q_prefill_group(W, rows, nb, X, n_tok, Y, ldy, g)
 
 
 # =========================================================================================================
@@ -940,20 +929,12 @@ cdef void mm_f(const fblock* W, Py_ssize_t rows, Py_ssize_t cols, const float* X
     cdef Py_ssize_t g, ngroups
     if n_tok == 1:
         ngroups = (rows + DR - 1) // DR
-        if nthreads <= 1:
-            for g in range(ngroups):
-                f_decode_group(W, rows, cols, X, Y, g)
-        else:
-            for g in prange(ngroups, schedule="static", num_threads=nthreads):
-                f_decode_group(W, rows, cols, X, Y, g)
+        for g in range(ngroups):
+            f_decode_group(W, rows, cols, X, Y, g)
     else:
         ngroups = (rows + GR - 1) // GR
-        if nthreads <= 1:
-            for g in range(ngroups):
-                f_prefill_group(W, rows, cols, X, n_tok, Y, ldy, g)
-        else:
-            for g in prange(ngroups, schedule="static", num_threads=nthreads):
-                f_prefill_group(W, rows, cols, X, n_tok, Y, ldy, g)
+        for g in range(ngroups):
+            f_prefill_group(W, rows, cols, X, n_tok, Y, ldy, g)
 
 
 # =========================================================================================================
@@ -1018,6 +999,36 @@ def kernel_path():
 # Dispatch
 
 
+# Threads split the output rows into chunks of SPLIT_ROWS (a multiple of every kernel's row tile and work
+# item, so each row is computed exactly as on one thread), handed out by the thread team (parallel.pxd).
+cdef enum:
+    SPLIT_ROWS = 16
+
+
+ctypedef struct MMJob:
+    const uint8_t* W
+    int wtype
+    Py_ssize_t cols
+    Py_ssize_t rows
+    Py_ssize_t row_bytes
+    Py_ssize_t chunk_rows
+    const void* xq
+    Py_ssize_t n_tok
+    float* Y
+    Py_ssize_t ldy
+    int impl
+
+
+cdef void _mm_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef MMJob* j = <MMJob*> ctx
+    cdef Py_ssize_t c, r0, r1
+    for c in range(begin, end):
+        r0 = c * j.chunk_rows
+        r1 = min(j.rows, r0 + j.chunk_rows)
+        matmul_impl(j.W + r0 * j.row_bytes, j.wtype, r1 - r0, j.cols, j.xq, j.n_tok, j.Y + r0, j.ldy, 1,
+                    j.impl)
+
+
 cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil:
@@ -1026,11 +1037,26 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
     cdef Py_ssize_t nb
     cdef vd_fn fn
     cdef mm512_fn fn512 = _mm512 if impl == IMPL_AUTO else _mm512_found if impl == IMPL_VNNI else NULL
+    cdef MMJob job
     if rows <= 0 or n_tok <= 0 or qk == 0:
         return
     nb = cols // qk
-    if nthreads < 1:
-        nthreads = 1
+    if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
+        # About eight chunks per thread, so that a thread the OS runs late costs the others little.
+        job.W = W
+        job.wtype = wtype
+        job.cols = cols
+        job.rows = rows
+        job.row_bytes = nb * weight_block_bytes(wtype)
+        job.chunk_rows = SPLIT_ROWS * max(1, rows // (SPLIT_ROWS * 8 * nthreads))
+        job.xq = xq
+        job.n_tok = n_tok
+        job.Y = Y
+        job.ldy = ldy
+        job.impl = impl
+        parallel_for(_mm_task, &job, (rows + job.chunk_rows - 1) // job.chunk_rows, 1, nthreads)
+        return
+    nthreads = 1
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if fn512 != NULL and fn512(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads):
         return
@@ -1148,6 +1174,7 @@ def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto", out=None):
     Wa = _weights(W_rows, wtype, cols)
     if nthreads < 1:
         raise ValueError(f"nthreads must be >= 1, got {nthreads}")
+    nthreads = min(nthreads, ensure_threads(nthreads))
     cdef Py_ssize_t rows = Wa.shape[0]
     if out is None:
         Y = np.zeros((n, rows), dtype=np.float32)
@@ -1198,6 +1225,7 @@ def bench_matmul(W_rows, int wtype, x, int nthreads=1, impl="auto", double min_t
     the thread sits descheduled on a shared machine; multi-threaded runs in wall time.
     """
     cdef int code = _impl(impl)
+    nthreads = min(max(nthreads, 1), ensure_threads(nthreads))
     xa = _activations(x)
     cdef Py_ssize_t n = xa.shape[0], cols = xa.shape[1]
     Wa = _weights(W_rows, wtype, cols)

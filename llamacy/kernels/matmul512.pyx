@@ -38,7 +38,6 @@
 # model it streams from memory) and the float types stay on the AVX2 kernels (mm512 returns 0), as does a
 # call whose repack buffer cannot be allocated.
 from cpython.pycapsule cimport PyCapsule_New
-from cython.parallel cimport prange, threadid
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy, memset
 
@@ -762,12 +761,8 @@ cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void
     cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
     cdef Py_ssize_t rec = sizeof(krec) if qblock is block_q2_K or qblock is block_q3_K \
         or qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K else sizeof(lrec)
-    if nthreads <= 1:
-        for g in range(ngroups):
-            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs, rec)
-    else:
-        for g in prange(ngroups, schedule="static", num_threads=nthreads):
-            q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs + threadid() * stride, rec)
+    for g in range(ngroups):
+        q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs, rec)
 
 
 # Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at
@@ -796,12 +791,8 @@ cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, co
 cdef void mm_raw(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                  float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
-    if nthreads <= 1:
-        for g in range(ngroups):
-            l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
-    else:
-        for g in prange(ngroups, schedule="static", num_threads=nthreads):
-            l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
+    for g in range(ngroups):
+        l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
 
 
 # Decode: rows [g*R, g*R + R) against one token.
@@ -819,12 +810,8 @@ cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb,
 cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, float* Y,
                     int nthreads) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
-    if nthreads <= 1:
-        for g in range(ngroups):
-            l_decode_group(W, rows, nb, X, Y, g)
-    else:
-        for g in prange(ngroups, schedule="static", num_threads=nthreads):
-            l_decode_group(W, rows, nb, X, Y, g)
+    for g in range(ngroups):
+        l_decode_group(W, rows, nb, X, Y, g)
 
 
 # Rows per prefill work item whose repacked form takes row_bytes each: GR, or fewer (a multiple of R, at

@@ -408,7 +408,8 @@ cdef class Forward:
             actx.seq_stride = seq_stride
             actx.head_stride = head_stride
             actx.n_ctx = n_ctx
-            parallel_for(_attend_task, &actx, n * NH, 1, nthreads)
+            # Chunks of several items: one claim per item would bounce the counter's cache line.
+            parallel_for(_attend_task, &actx, n * NH, max(1, n * NH // (8 * nthreads)), nthreads)
             self._lap(P_ATTN)
             self._matmul(&L.wo, s.att, QW, n, s.o, nthreads, P_MM_O)
             for t in range(n):

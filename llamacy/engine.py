@@ -103,8 +103,15 @@ class Llama:
         from llamacy.memory import check_fits
 
         weights = sum(t.n_bytes for t in self.gguf.tensors.values())
-        scratch = n_batch * 4 * (6 * self.config.n_embd + 3 * self.config.n_ff) + self.n_threads * self.n_ctx * 4
-        check_fits(weights, self.config.kv_bytes(self.n_ctx), scratch, f"{self.model_path.name} at --ctx-size {self.n_ctx}")
+        scratch = (
+            n_batch * 4 * (6 * self.config.n_embd + 3 * self.config.n_ff) + self.n_threads * self.n_ctx * 4
+        )
+        check_fits(
+            weights,
+            self.config.kv_bytes(self.n_ctx),
+            scratch,
+            f"{self.model_path.name} at --ctx-size {self.n_ctx}",
+        )
         self.model = Model(self.gguf, self.n_ctx, self.n_threads, ubatch=n_batch, cfg=self.config)
         self.verbose = verbose
         self.profiling = profile

@@ -188,9 +188,25 @@ def test_chat_mode_on_the_default_model(default_model_path, tmp_path):
     prompts.write_text("Name the capital of France.\nName the capital of Germany.\n")
     out = tmp_path / "r.jsonl"
     r = subprocess.run(
-        [sys.executable, "-m", "llamacy", "batch", str(prompts), "-o", str(out), "--chat", "--temp", "0",
-         "-n", "24", "-t", "1"],
-        capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "llamacy",
+            "batch",
+            str(prompts),
+            "-o",
+            str(out),
+            "--chat",
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "-t",
+            "1",
+        ],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     rows = {x["id"]: x for x in _lines(out)}

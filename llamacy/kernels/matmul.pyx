@@ -52,32 +52,6 @@ cdef enum:
     PF_TILES = 2  # decode: prefetch distance, in tiles
 
 
-ctypedef fused lblock:
-    block_q4_0
-    block_q4_1
-    block_q5_0
-    block_q5_1
-    block_q8_0
-
-ctypedef fused kblock:
-    block_q2_K
-    block_q3_K
-    block_q4_K
-    block_q5_K
-    block_q6_K
-
-# Every quantized weight type (the legacy 32-value ones and the K-quants): the group drivers are shared.
-ctypedef fused qblock:
-    block_q4_0
-    block_q4_1
-    block_q5_0
-    block_q5_1
-    block_q8_0
-    block_q2_K
-    block_q3_K
-    block_q4_K
-    block_q5_K
-    block_q6_K
 
 ctypedef fused fblock:
     float

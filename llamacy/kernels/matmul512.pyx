@@ -121,31 +121,6 @@ ctypedef struct krec:
     float doff[4]
 
 
-ctypedef fused lblock:
-    block_q4_0
-    block_q4_1
-    block_q5_0
-    block_q5_1
-    block_q8_0
-
-ctypedef fused kblock:
-    block_q2_K
-    block_q3_K
-    block_q4_K
-    block_q5_K
-    block_q6_K
-
-ctypedef fused qblock:
-    block_q4_0
-    block_q4_1
-    block_q5_0
-    block_q5_1
-    block_q8_0
-    block_q2_K
-    block_q3_K
-    block_q4_K
-    block_q5_K
-    block_q6_K
 
 # Token counts of a prefill tile and row counts of a decode tile as types (see matmul.pyx's shapes): one C
 # function per count, with the count a literal constant, so the compiler unrolls the r/t loops and keeps

@@ -96,12 +96,6 @@ cdef inline int shape_toks(const tshape* s) noexcept nogil:
         return 1
 
 
-cdef inline uint32_t load_u32(const uint8_t* p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return v
-
-
 # =========================================================================================================
 # Scalar twins: one weight row x one activation row, plain loops over blocks.
 
@@ -414,23 +408,6 @@ cdef void mm_scalar(vd_fn fn, const uint8_t* W, Py_ssize_t wrb, Py_ssize_t rows,
 
 # =========================================================================================================
 # SIMD kernels for the 32-value types against ACT_Q8A.
-
-
-# 16 packed nibbles -> 32 bytes: low nibbles (values 0..15) in the low lane, high nibbles in the high lane.
-# One 128-bit broadcast load, one variable shift (0 bits low lane, 4 bits high lane), one mask.
-cdef inline __m256i unpack_nibbles(const uint8_t* qs) noexcept nogil:
-    cdef __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>qs))
-    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F))
-
-
-# The 32 bits of qh (little-endian) -> 32 bytes, 0xFF where the bit is set.
-cdef inline __m256i unpack_bits(const uint8_t* qh) noexcept nogil:
-    cdef __m256i v = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(<int>load_u32(qh)),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0))
-    # byte k of each 8-byte group keeps all bits but bit k: equal to all-ones iff bit k was set
-    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe))
-    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
 
 
 # One weight block's quants as 32 bytes: unsigned 0..15 / 0..31 for the 4/5-bit types; for Q8_0 |q| (its

@@ -178,29 +178,8 @@ cdef inline int nrows(const rshape* s) noexcept nogil:
         return R
 
 
-cdef inline uint32_t load_u32(const uint8_t* p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return v
-
-
 # =========================================================================================================
 # Legacy 32-value types (ACT_Q8A activations).
-
-
-# 16 packed nibbles -> 32 bytes: low nibbles in the low lane, high nibbles in the high lane (as matmul.pyx).
-cdef inline __m256i unpack_nibbles(const uint8_t* qs) noexcept nogil:
-    cdef __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>qs))
-    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F))
-
-
-# The 32 bits of qh -> 32 bytes, 0xFF where the bit is set (as matmul.pyx).
-cdef inline __m256i unpack_bits(const uint8_t* qh) noexcept nogil:
-    cdef __m256i v = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(<int>load_u32(qh)),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0))
-    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe))
-    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1))
 
 
 # One weight block's quants as the unsigned operand of dpbusd: q (4/5-bit types), q + 128 (Q8_0).

@@ -231,12 +231,6 @@ cdef void deq_q4_1(const block_q4_1* b, float* y, Py_ssize_t nb) noexcept nogil:
         y += 32
 
 
-cdef inline uint32_t load_u32(const uint8_t* p) noexcept nogil:
-    cdef uint32_t v
-    memcpy(&v, p, 4)
-    return v
-
-
 cdef void deq_q5_0(const block_q5_0* b, float* y, Py_ssize_t nb) noexcept nogil:
     cdef Py_ssize_t i, j
     cdef float d

@@ -66,6 +66,7 @@ def extensions() -> list[Extension]:
                 name,
                 [path],
                 include_dirs=["llamacy/kernels"],
+                depends=sorted(glob("llamacy/kernels/*.h")),  # recompile when a C header changes
                 extra_compile_args=compile_args(name not in NO_SIMD, name in FAST_MATH)
                 + (AVX512_FLAGS if name in AVX512 else []),
                 extra_link_args=["-fopenmp"] + (["-lmvec", "-lm"] if name in FAST_MATH else []),

@@ -38,13 +38,17 @@ def test_rope_matches_numpy(neox, n_rot):
     np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-5)
 
 
+# head_dim: 16 and 80 take attention.h's one-vector column path (80 after one 64-column pass), 64 and 256
+# the 64-column register path, 12 the plain loops; the ranges give 8-position blocks, tails and none.
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
-def test_attention_matches_numpy(softcap):
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 256, 12])
+@pytest.mark.parametrize(("first", "last"), [(5, 30), (0, 0), (3, 9), (0, 39)])
+def test_attention_matches_numpy(softcap, head_dim, first, last):
     rng = np.random.default_rng(2)
-    K = rng.standard_normal((40, 16)).astype(np.float32)
-    V = rng.standard_normal((40, 16)).astype(np.float32)
-    q = rng.standard_normal(16).astype(np.float32)
-    first, last, scale = 5, 30, 0.25
+    K = rng.standard_normal((40, head_dim)).astype(np.float32)
+    V = rng.standard_normal((40, head_dim)).astype(np.float32)
+    q = rng.standard_normal(head_dim).astype(np.float32)
+    scale = 1.0 / np.sqrt(head_dim)
     s = (K[first : last + 1] @ q) * scale
     if softcap:
         s = softcap * np.tanh(s / softcap)

@@ -118,33 +118,18 @@ cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil:
         x[i] *= s
 
 
+cdef extern from "attention.h" nogil:
+    void lc_attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
+                   Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out)
+
+
 cdef void attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
                  Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out) noexcept nogil:
-    """One query head over cached positions first..last (inclusive) of one KV head.
+    """One query head over cached positions first..last (inclusive) of one KV head (see attention.h).
 
     K and V point at position 0 of that head's cache, rows of head_dim floats. scores needs last+1 floats.
     """
-    cdef Py_ssize_t j, d
-    cdef float m = -3.0e38, s, total = 0.0, w
-    for j in range(first, last + 1):
-        s = dot_f32(q, K + j * head_dim, head_dim) * scale
-        if softcap > 0.0:
-            s = softcap * tanhf(s / softcap)
-        scores[j] = s
-        if s > m:
-            m = s
-    for j in range(first, last + 1):
-        w = expf(scores[j] - m)
-        scores[j] = w
-        total += w
-    for d in range(head_dim):
-        out[d] = 0.0
-    cdef const float* vj
-    for j in range(first, last + 1):
-        w = scores[j] / total
-        vj = V + j * head_dim
-        for d in range(head_dim):
-            out[d] += w * vj[d]
+    lc_attend(q, K, V, first, last, head_dim, scale, softcap, scores, out)
 
 
 # Python-level twins, for the tests that check these against numpy.

@@ -225,10 +225,13 @@ static inline float _mm_cvtss_f32(__m128 a) { return a.f[0]; }
 /* --- helpers shared by both builds (built from the intrinsics above) --- */
 
 /* Prefetch a cache line for reading into all cache levels (never faults, even past the end). */
+/* lc_prefetch_l2: into L2 (and L3) only, for data wanted a few microseconds later, more than L1 holds. */
 #if defined(__GNUC__)
 #define lc_prefetch(p) __builtin_prefetch((const void*)(p), 0, 3)
+#define lc_prefetch_l2(p) __builtin_prefetch((const void*)(p), 0, 2)
 #else
 #define lc_prefetch(p) ((void)(p))
+#define lc_prefetch_l2(p) ((void)(p))
 #endif
 
 /* Keep the compiler from fusing x into a following add (FMA contraction): dequantization must round the

@@ -1,0 +1,79 @@
+"""How far decode can scale with threads here: memory read bandwidth at 1 and 2 threads, beside decode.
+
+    python benchmarks/bench_memory.py [--model PATH] [--rounds 5] [--tokens 64]
+
+Decoding one token reads every weight once (98 MB for SmolLM2 Q4_1), so once a single thread streams
+near the bandwidth the machine gives it, more threads can only add what the memory system has left.
+This measures, interleaved round by round, medians reported:
+  1. read bandwidth: numpy's bitwise_or.reduce over a 512 MiB array (the GIL is released inside it), split
+     over 1 or 2 Python threads: a plain streaming read, no arithmetic to speak of;
+  2. llamacy decode (tg) at 1 and 2 threads, and the bytes of weights it streams per second.
+The ratio 2-thread / 1-thread of (1) bounds the ratio of (2) for a model that does not fit in cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+
+def read_bandwidth(buf: np.ndarray, n_threads: int, reps: int = 4) -> float:
+    """Best of reps: GB/s to read buf once with n_threads threads."""
+    parts = np.array_split(buf, n_threads)
+    best = 0.0
+    for _ in range(reps):
+        threads = [threading.Thread(target=np.bitwise_or.reduce, args=(p,)) for p in parts]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        best = max(best, buf.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="GGUF path or known name (default: the default model)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
+    args = ap.parse_args(argv)
+
+    from llamacy.bench import _run_once
+    from llamacy.engine import Llama
+
+    buf = np.ones(512 * 2**20 // 8, dtype=np.uint64)
+    llms = {t: Llama(args.model, n_ctx=max(256, args.tokens), n_threads=t) for t in (1, 2)}
+    weight_bytes = sum(t.n_bytes for t in llms[1].gguf.tensors.values())
+    rng = np.random.default_rng(0)
+    for llm in llms.values():
+        _run_once(llm, 0, args.tokens, rng)  # warm-up: page the weights in
+    bw: dict[int, list[float]] = {1: [], 2: []}
+    tg: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(args.rounds):
+        for t in (1, 2):
+            bw[t].append(read_bandwidth(buf, t))
+            tg[t].append(args.tokens / (_run_once(llms[t], 0, args.tokens, rng) / 1e9))
+    b1, b2 = statistics.median(bw[1]), statistics.median(bw[2])
+    g1, g2 = statistics.median(tg[1]), statistics.median(tg[2])
+    gb = weight_bytes / 1e9
+    print(f"model: {llms[1].model_path.name} ({weight_bytes / 2**20:.1f} MiB of weights)")
+    print(f"rounds: {args.rounds}, medians; decode tg{args.tokens}")
+    print("| threads | read GB/s | decode t/s | decode weight GB/s |")
+    print("| ---: | ---: | ---: | ---: |")
+    print(f"| 1 | {b1:.1f} | {g1:.1f} | {g1 * gb:.1f} |")
+    print(f"| 2 | {b2:.1f} | {g2:.1f} | {g2 * gb:.1f} |")
+    print(f"| 2 / 1 | {b2 / b1:.2f}x | {g2 / g1:.2f}x | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

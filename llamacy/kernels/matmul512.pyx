@@ -335,7 +335,11 @@ cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py
     cdef float mo[4]
     cdef const block_q8a* yb
     cdef int r, t
-    cdef Py_ssize_t b, b0, b1
+    cdef Py_ssize_t b, b0, b1, k
+    # As in decode: the weights stream from memory once, and the hardware prefetchers lose the thread of
+    # R interleaved rows (Q8_0 lm_head, 4 tokens: 5.5 ms without this, 2.1 ms with the rows in cache).
+    cdef const char* pf = <const char*>(w + PF_TILES * R * nb)
+    cdef Py_ssize_t pfstep = R * sizeof(lblock)
     for t in range(T):
         if lblock is block_q4_1 or lblock is block_q5_1:
             ms[t] = _mm_setzero_ps()
@@ -345,6 +349,8 @@ cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py
     while b0 < nb:
         b1 = min(nb, b0 + SCH)
         for b in range(b0, b1):
+            for k in range(0, pfstep, 64):
+                lc_prefetch(pf + b * pfstep + k)
             # [d0, m0, d1, m1, d2, m2, d3, m3] (for the types without m, the odd lanes are unused)
             dm = _mm256_cvtph_ps(_mm_set_epi32(
                 <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),

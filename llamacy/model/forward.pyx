@@ -310,10 +310,16 @@ cdef class Forward:
     cdef void _matmul(self, const WeightT* w, const float* x, Py_ssize_t ldx, Py_ssize_t n, float* y,
                       int nthreads, int kind) noexcept nogil:
         """y[t, :] = w @ x[t, :] for t < n: quantize the rows for this weight's format, then multiply."""
-        cdef Py_ssize_t rb = act_row_bytes(w.type, w.cols), t
+        cdef RowJob job
         self._lap(P_ELEM)
-        for t in range(n):
-            quantize_act_row(w.type, x + t * ldx, self.s.aq + t * rb, w.cols)
+        job.kind = ROW_QUANT
+        job.wtype = w.type
+        job.src = x
+        job.ld_src = ldx
+        job.dim = w.cols
+        job.aq = self.s.aq
+        job.rb = act_row_bytes(w.type, w.cols)
+        _rows(&job, n, nthreads)
         self._lap(P_QUANT)
         matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
         self._lap(kind)
@@ -322,11 +328,17 @@ cdef class Forward:
                                  int nthreads, int kind) noexcept nogil:
         """Like _matmul on s.xn, reusing the quantized rows when the previous call had the same format."""
         cdef int fmt = act_format(w.type)
-        cdef Py_ssize_t rb = act_row_bytes(w.type, w.cols), t
+        cdef RowJob job
         self._lap(P_ELEM)
         if fmt != last_fmt[0]:
-            for t in range(n):
-                quantize_act_row(w.type, self.s.xn + t * w.cols, self.s.aq + t * rb, w.cols)
+            job.kind = ROW_QUANT
+            job.wtype = w.type
+            job.src = self.s.xn
+            job.ld_src = w.cols
+            job.dim = w.cols
+            job.aq = self.s.aq
+            job.rb = act_row_bytes(w.type, w.cols)
+            _rows(&job, n, nthreads)
             last_fmt[0] = fmt
             self._lap(P_QUANT)
         matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
@@ -350,6 +362,10 @@ cdef class Forward:
         cdef float* kl
         cdef float* vl
         cdef AttnCtx actx
+        cdef RowJob rj
+        rj.eps = self.eps
+        rj.w2 = NULL
+        rj.L = NULL
         actx.q = s.q
         actx.att = s.att
         actx.scores = s.scores
@@ -375,8 +391,7 @@ cdef class Forward:
             if n <= KV_WARM_TOKENS:
                 _warm_kv(kl, vl, pos, seq, n, NKV, HD, seq_stride, head_stride, L.window)
             # Attention block.
-            for t in range(n):
-                rmsnorm(s.x + t * E, L.attn_norm, s.xn + t * E, E, self.eps)
+            _norm_rows(&rj, s.x, L.attn_norm, s.xn, E, n, nthreads)
             fmt = -1
             self._matmul_same_input(&L.wq, s.q, n, &fmt, nthreads, P_MM_QKV)
             self._matmul_same_input(&L.wk, s.k, n, &fmt, nthreads, P_MM_QKV)
@@ -386,21 +401,25 @@ cdef class Forward:
                 fscale = L.rope_freq_scale
                 for t in range(n):
                     rope_table(s.cs + t * R, R, pos[t], base, fscale, self.rope_freqs)
-            for t in range(n):
-                if L.bq != NULL:
-                    add_inplace(s.q + t * QW, L.bq, QW)
-                    add_inplace(s.k + t * KVW, L.bk, KVW)
-                    add_inplace(s.v + t * KVW, L.bv, KVW)
-                if L.q_norm != NULL:
-                    rmsnorm_heads(s.q + t * QW, L.q_norm, NH, HD, self.eps)
-                    rmsnorm_heads(s.k + t * KVW, L.k_norm, NKV, HD, self.eps)
-                rope(s.q + t * QW, NH, HD, R, s.cs + t * R, self.rope_mode)
-                rope(s.k + t * KVW, NKV, HD, R, s.cs + t * R, self.rope_mode)
-                for h in range(NKV):
-                    memcpy(kl + seq[t] * seq_stride + h * head_stride + pos[t] * HD, s.k + t * KVW + h * HD,
-                           HD * sizeof(float))
-                    memcpy(vl + seq[t] * seq_stride + h * head_stride + pos[t] * HD, s.v + t * KVW + h * HD,
-                           HD * sizeof(float))
+            # Biases, q/k norms, RoPE; K/V rows into the cache (tokens write distinct rows).
+            rj.kind = ROW_QKV
+            rj.L = L
+            rj.q = s.q
+            rj.k = s.k
+            rj.v = s.v
+            rj.cs = s.cs
+            rj.n_head = NH
+            rj.n_head_kv = NKV
+            rj.head_dim = HD
+            rj.n_rot = R
+            rj.rope_mode = self.rope_mode
+            rj.pos = pos
+            rj.seq = seq
+            rj.kl = kl
+            rj.vl = vl
+            rj.seq_stride = seq_stride
+            rj.head_stride = head_stride
+            _rows(&rj, n, nthreads)
             # Every (token, head) pair attends independently.
             self._lap(P_ELEM)
             actx.pos = pos
@@ -415,27 +434,21 @@ cdef class Forward:
             parallel_for(_attend_task, &actx, n * NH, max(1, n * NH // (8 * nthreads)), nthreads)
             self._lap(P_ATTN)
             self._matmul(&L.wo, s.att, QW, n, s.o, nthreads, P_MM_O)
-            for t in range(n):
-                if L.post_attn_norm != NULL:
-                    rmsnorm(s.o + t * E, L.post_attn_norm, s.o + t * E, E, self.eps)
-                add_inplace(s.x + t * E, s.o + t * E, E)
+            # x += post_attn_norm(o), then the feed-forward block's input norm, in one pass per token.
+            _residual_rows(&rj, s.x, s.o, L.post_attn_norm, L.ffn_norm, s.xn, E, n, nthreads)
 
             # Feed-forward block.
-            for t in range(n):
-                rmsnorm(s.x + t * E, L.ffn_norm, s.xn + t * E, E, self.eps)
             fmt = -1
             self._matmul_same_input(&L.gate, s.g, n, &fmt, nthreads, P_MM_UP)
             self._matmul_same_input(&L.up, s.u, n, &fmt, nthreads, P_MM_UP)
-            for t in range(n):
-                if self.act == ACT_GELU:
-                    gelu_mul(s.g + t * F, s.u + t * F, F)
-                else:
-                    silu_mul(s.g + t * F, s.u + t * F, F)
+            rj.kind = ROW_ACT
+            rj.src = s.u
+            rj.dst = s.g
+            rj.dim = F
+            rj.act = self.act
+            _rows(&rj, n, nthreads)
             self._matmul(&L.down, s.g, F, n, s.o, nthreads, P_MM_DOWN)
-            for t in range(n):
-                if L.post_ffn_norm != NULL:
-                    rmsnorm(s.o + t * E, L.post_ffn_norm, s.o + t * E, E, self.eps)
-                add_inplace(s.x + t * E, s.o + t * E, E)
+            _residual_rows(&rj, s.x, s.o, L.post_ffn_norm, NULL, NULL, E, n, nthreads)
 
         if n_logits == 0:
             self._lap(P_ELEM)
@@ -449,6 +462,120 @@ cdef class Forward:
             for j in range(n_logits * self.n_vocab):
                 logits[j] = self.final_softcap * tanhf(logits[j] / self.final_softcap)
         self._lap(P_ELEM)
+
+
+# The per-token work between the matrix products (norms, RoPE, residuals, activation quantization) as one
+# job type on the thread team: rows are independent, so a prompt's tokens split over the threads like the
+# matmul rows do. (A single decoded token runs inline: parallel_for does not split one item.)
+cdef enum:
+    ROW_NORM = 0    # dst[t] = rmsnorm(src[t]) * w
+    ROW_QUANT = 1   # aq[t] = src[t] quantized for weight type wtype
+    ROW_ACT = 2     # dst[t] = act(dst[t]) * src[t]   (gate, up)
+    ROW_RESID = 3   # src[t] = post-norm(src[t]) with w (if any); dst[t] += src[t]; then, if w2, xn[t] = rmsnorm(dst[t]) * w2
+    ROW_QKV = 4     # q/k/v biases, q/k norms, RoPE, K/V rows into the cache
+
+
+ctypedef struct RowJob:
+    int kind
+    const float* src
+    float* dst
+    float* xn
+    const float* w
+    const float* w2
+    Py_ssize_t ld_src
+    Py_ssize_t dim
+    float eps
+    int wtype
+    uint8_t* aq
+    Py_ssize_t rb
+    int act
+    # ROW_QKV
+    const LayerT* L
+    float* q
+    float* k
+    float* v
+    const float* cs
+    Py_ssize_t n_head, n_head_kv, head_dim, n_rot
+    int rope_mode
+    const int32_t* pos
+    const int32_t* seq
+    float* kl
+    float* vl
+    Py_ssize_t seq_stride, head_stride
+
+
+cdef void _rows_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef RowJob* j = <RowJob*> ctx
+    cdef Py_ssize_t t, h, D = j.dim, QW, KVW, HD
+    cdef const LayerT* L
+    for t in range(begin, end):
+        if j.kind == ROW_NORM:
+            rmsnorm(j.src + t * D, j.w, j.dst + t * D, D, j.eps)
+        elif j.kind == ROW_QUANT:
+            quantize_act_row(j.wtype, j.src + t * j.ld_src, j.aq + t * j.rb, D)
+        elif j.kind == ROW_ACT:
+            if j.act == ACT_GELU:
+                gelu_mul(j.dst + t * D, j.src + t * D, D)
+            else:
+                silu_mul(j.dst + t * D, j.src + t * D, D)
+        elif j.kind == ROW_RESID:
+            if j.w != NULL:
+                rmsnorm(j.src + t * D, j.w, <float*>(j.src + t * D), D, j.eps)
+            add_inplace(j.dst + t * D, j.src + t * D, D)
+            if j.w2 != NULL:
+                rmsnorm(j.dst + t * D, j.w2, j.xn + t * D, D, j.eps)
+        else:
+            L = j.L
+            HD = j.head_dim
+            QW = j.n_head * HD
+            KVW = j.n_head_kv * HD
+            if L.bq != NULL:
+                add_inplace(j.q + t * QW, L.bq, QW)
+                add_inplace(j.k + t * KVW, L.bk, KVW)
+                add_inplace(j.v + t * KVW, L.bv, KVW)
+            if L.q_norm != NULL:
+                rmsnorm_heads(j.q + t * QW, L.q_norm, j.n_head, HD, j.eps)
+                rmsnorm_heads(j.k + t * KVW, L.k_norm, j.n_head_kv, HD, j.eps)
+            rope(j.q + t * QW, j.n_head, HD, j.n_rot, j.cs + t * j.n_rot, j.rope_mode)
+            rope(j.k + t * KVW, j.n_head_kv, HD, j.n_rot, j.cs + t * j.n_rot, j.rope_mode)
+            for h in range(j.n_head_kv):
+                memcpy(j.kl + j.seq[t] * j.seq_stride + h * j.head_stride + j.pos[t] * HD,
+                       j.k + t * KVW + h * HD, HD * sizeof(float))
+                memcpy(j.vl + j.seq[t] * j.seq_stride + h * j.head_stride + j.pos[t] * HD,
+                       j.v + t * KVW + h * HD, HD * sizeof(float))
+
+
+# Tokens per claim: about four claims per thread, at least ROW_MIN_TOKENS tokens each, so that a few
+# decoded tokens (a server step) stay on one thread unless splitting them pays for the hand-off.
+cdef enum:
+    ROW_MIN_TOKENS = 4
+
+
+cdef inline void _rows(RowJob* job, Py_ssize_t n, int nthreads) noexcept nogil:
+    parallel_for(_rows_task, job, n, max(<Py_ssize_t>ROW_MIN_TOKENS, n // (4 * nthreads)), nthreads)
+
+
+cdef inline void _norm_rows(RowJob* job, const float* x, const float* w, float* out, Py_ssize_t dim,
+                            Py_ssize_t n, int nthreads) noexcept nogil:
+    job.kind = ROW_NORM
+    job.src = x
+    job.w = w
+    job.dst = out
+    job.dim = dim
+    _rows(job, n, nthreads)
+
+
+cdef inline void _residual_rows(RowJob* job, float* x, float* o, const float* post_norm,
+                                const float* next_norm, float* xn, Py_ssize_t dim, Py_ssize_t n,
+                                int nthreads) noexcept nogil:
+    job.kind = ROW_RESID
+    job.src = o
+    job.dst = x
+    job.w = post_norm
+    job.w2 = next_norm
+    job.xn = xn
+    job.dim = dim
+    _rows(job, n, nthreads)
 
 
 # Decoding reads each layer's cached K/V rows once per token, and the weights that stream through memory

@@ -293,9 +293,7 @@ cdef class Forward:
         cdef Py_ssize_t lr = 0, lr_end
         start = 0
         while start < n:
-            # Deep into a long prompt a micro-batch's attention grows with the position: shrink the
-            # micro-batch so each stays well under a second, and Ctrl-C (checked between them) stays prompt.
-            stop = min(n, start + max(16, min(self.ubatch, UBATCH_ATTN_BUDGET // max(1, pos[start]))))
+            stop = min(n, start + self.ubatch)
             lr_end = lr
             while lr_end < logit_rows.shape[0] and logit_rows[lr_end] < stop:
                 lr_end += 1
@@ -586,7 +584,6 @@ cdef inline void _residual_rows(RowJob* job, float* x, float* o, const float* po
 # layer, the rows this batch will attend over are requested into L2, while the norm and the q/k/v
 # products run. Prompt batches (more than KV_WARM_TOKENS tokens) reuse their rows from cache anyway.
 cdef enum:
-    UBATCH_ATTN_BUDGET = 262144  # tokens x positions per micro-batch (256 tokens at position 1024)
     KV_WARM_TOKENS = 16
     KV_WARM_BYTES = 786432  # at most this much per layer: L2 is 1 MB on the machines we measure
 

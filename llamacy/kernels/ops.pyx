@@ -11,23 +11,14 @@ from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
 import numpy as np
 
 
+cdef extern from "attention.h" nogil:
+    float lc_dot_f32(const float* a, const float* b, Py_ssize_t n)
+    void lc_attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
+                   Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out)
+
+
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
-    cdef float acc[8]
-    cdef Py_ssize_t i, j
-    for j in range(8):
-        acc[j] = 0.0
-    i = 0
-    while i + 8 <= n:
-        for j in range(8):
-            acc[j] += a[i + j] * b[i + j]
-        i += 8
-    cdef float s = 0.0
-    for j in range(8):
-        s += acc[j]
-    while i < n:
-        s += a[i] * b[i]
-        i += 1
-    return s
+    return lc_dot_f32(a, b, n)
 
 
 cdef void rmsnorm(const float* x, const float* w, float* out, Py_ssize_t n, float eps) noexcept nogil:
@@ -116,11 +107,6 @@ cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
         x[i] *= s
-
-
-cdef extern from "attention.h" nogil:
-    void lc_attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
-                   Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out)
 
 
 cdef void attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,

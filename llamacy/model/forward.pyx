@@ -312,14 +312,7 @@ cdef class Forward:
         """y[t, :] = w @ x[t, :] for t < n: quantize the rows for this weight's format, then multiply."""
         cdef RowJob job
         self._lap(P_ELEM)
-        job.kind = ROW_QUANT
-        job.wtype = w.type
-        job.src = x
-        job.ld_src = ldx
-        job.dim = w.cols
-        job.aq = self.s.aq
-        job.rb = act_row_bytes(w.type, w.cols)
-        _rows(&job, n, nthreads)
+        _quant_rows(&job, w, x, ldx, self.s.aq, n, nthreads)
         self._lap(P_QUANT)
         matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
         self._lap(kind)
@@ -331,14 +324,7 @@ cdef class Forward:
         cdef RowJob job
         self._lap(P_ELEM)
         if fmt != last_fmt[0]:
-            job.kind = ROW_QUANT
-            job.wtype = w.type
-            job.src = self.s.xn
-            job.ld_src = w.cols
-            job.dim = w.cols
-            job.aq = self.s.aq
-            job.rb = act_row_bytes(w.type, w.cols)
-            _rows(&job, n, nthreads)
+            _quant_rows(&job, w, self.s.xn, w.cols, self.s.aq, n, nthreads)
             last_fmt[0] = fmt
             self._lap(P_QUANT)
         matmul(w.data, w.type, w.rows, w.cols, self.s.aq, n, y, w.rows, nthreads)
@@ -349,9 +335,9 @@ cdef class Forward:
                       const int32_t* logit_rows, Py_ssize_t n_logits, Py_ssize_t row0, float* logits,
                       int nthreads) noexcept nogil:
         cdef Py_ssize_t E = self.n_embd, HD = self.head_dim, NH = self.n_head, NKV = self.n_head_kv
-        cdef Py_ssize_t QW = NH * HD, KVW = NKV * HD, F = self.n_ff, R = self.n_rot
+        cdef Py_ssize_t QW = NH * HD, F = self.n_ff, R = self.n_rot
         cdef Py_ssize_t group = NH // NKV
-        cdef Py_ssize_t t, l, h, j, first
+        cdef Py_ssize_t t, l, j
         cdef Py_ssize_t layer_stride = n_seq * NKV * n_ctx * HD
         cdef Py_ssize_t seq_stride = NKV * n_ctx * HD
         cdef Py_ssize_t head_stride = n_ctx * HD
@@ -365,7 +351,19 @@ cdef class Forward:
         cdef RowJob rj
         rj.eps = self.eps
         rj.w2 = NULL
-        rj.L = NULL
+        rj.q = s.q
+        rj.k = s.k
+        rj.v = s.v
+        rj.cs = s.cs
+        rj.n_head = NH
+        rj.n_head_kv = NKV
+        rj.head_dim = HD
+        rj.n_rot = R
+        rj.rope_mode = self.rope_mode
+        rj.pos = pos
+        rj.seq = seq
+        rj.seq_stride = seq_stride
+        rj.head_stride = head_stride
         actx.q = s.q
         actx.att = s.att
         actx.scores = s.scores
@@ -404,21 +402,8 @@ cdef class Forward:
             # Biases, q/k norms, RoPE; K/V rows into the cache (tokens write distinct rows).
             rj.kind = ROW_QKV
             rj.L = L
-            rj.q = s.q
-            rj.k = s.k
-            rj.v = s.v
-            rj.cs = s.cs
-            rj.n_head = NH
-            rj.n_head_kv = NKV
-            rj.head_dim = HD
-            rj.n_rot = R
-            rj.rope_mode = self.rope_mode
-            rj.pos = pos
-            rj.seq = seq
             rj.kl = kl
             rj.vl = vl
-            rj.seq_stride = seq_stride
-            rj.head_stride = head_stride
             _rows(&rj, n, nthreads)
             # Every (token, head) pair attends independently.
             self._lap(P_ELEM)
@@ -562,6 +547,18 @@ cdef inline void _norm_rows(RowJob* job, const float* x, const float* w, float* 
     job.w = w
     job.dst = out
     job.dim = dim
+    _rows(job, n, nthreads)
+
+
+cdef inline void _quant_rows(RowJob* job, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq,
+                             Py_ssize_t n, int nthreads) noexcept nogil:
+    job.kind = ROW_QUANT
+    job.wtype = w.type
+    job.src = x
+    job.ld_src = ldx
+    job.dim = w.cols
+    job.aq = aq
+    job.rb = act_row_bytes(w.type, w.cols)
     _rows(job, n, nthreads)
 
 

@@ -293,7 +293,10 @@ cdef class Forward:
         cdef Py_ssize_t lr = 0, lr_end
         start = 0
         while start < n:
-            stop = min(n, start + self.ubatch)
+            # Deep into a long prompt a micro-batch's attention work grows with the position: shrink the
+            # micro-batch (to 16 tokens at least, never above ubatch) so each stays short, and Ctrl-C,
+            # checked between micro-batches, stays prompt.
+            stop = min(n, start + min(self.ubatch, max(16, UBATCH_ATTN_BUDGET // max(1, pos[start]))))
             lr_end = lr
             while lr_end < logit_rows.shape[0] and logit_rows[lr_end] < stop:
                 lr_end += 1
@@ -581,6 +584,7 @@ cdef inline void _residual_rows(RowJob* job, float* x, float* o, const float* po
 # layer, the rows this batch will attend over are requested into L2, while the norm and the q/k/v
 # products run. Prompt batches (more than KV_WARM_TOKENS tokens) reuse their rows from cache anyway.
 cdef enum:
+    UBATCH_ATTN_BUDGET = 262144  # tokens x position per micro-batch: 256 tokens at position 1024
     KV_WARM_TOKENS = 16
     KV_WARM_BYTES = 786432  # at most this much per layer: L2 is 1 MB on the machines we measure
 

@@ -162,6 +162,9 @@ def test_ctrl_c_stops_cleanly(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
+        # A shell's background job inherits SIGINT ignored, and Python then never installs its Ctrl-C
+        # handler: give the child the terminal's default whatever runs this test.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(4)
     assert p.poll() is None, p.stderr.read()

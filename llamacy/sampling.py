@@ -34,6 +34,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from llamacy.errors import UsageError
+from llamacy.kernels.topk import MAX_K, top_k
 
 # Above these, a value is almost certainly a typo (and would make the chain degenerate).
 MAX_TEMPERATURE = 100.0
@@ -45,6 +46,9 @@ MAX_SEED = 2**64 - 1
 # When top-k is off, top-p looks at the best `_TOP_P_FIRST_WINDOW` candidates first and widens the window
 # (×8) only if their cumulative probability has not reached top_p: no full sort of a 262k vocabulary.
 _TOP_P_FIRST_WINDOW = 64
+
+_NAN_MESSAGE = "logits contain NaN: the forward pass produced invalid values"
+_INF_MESSAGE = "logits contain +inf or are all -inf: nothing sensible to sample"
 
 
 def _is_real(x: object) -> bool:
@@ -141,18 +145,31 @@ class Sampler:
         Candidates come in canonical order: logit descending, then id ascending. Greedy settings give one
         candidate with probability 1. Consumes no randomness.
         """
-        x = self._check_logits(logits)
-        x = self._apply_penalties(x, history)
+        x = self._as_row(logits)
         p = self.params
-        if p.greedy:
-            # np.argmax returns the first maximum: ties go to the lowest id.
-            return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
-
         n = self.n_vocab
         k = p.top_k if 0 < p.top_k < n else n
+        if p.greedy or k > MAX_K:
+            x = self._apply_penalties(self._check_logits(x), history)
+            if p.greedy:
+                # np.argmax returns the first maximum: ties go to the lowest id.
+                return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
+        else:
+            # The common chain: one pass of the top-k kernel finds the candidates and does the checks
+            # (penalties keep a NaN a NaN and an infinity infinite, so checking after them is the same).
+            x = self._apply_penalties(x, history)
+            best = top_k(x, k)
+            if best is None:
+                raise ValueError(_NAN_MESSAGE)
+            ids, vals = best
+            if not math.isfinite(float(vals[0])):
+                raise ValueError(_INF_MESSAGE)
+
         if k < n:
-            ids = _top_sorted(x, k)
-            c = x[ids].astype(np.float64)
+            if k > MAX_K:
+                ids = _top_sorted(x, k)
+                vals = x[ids]
+            c = vals.astype(np.float64)
             if p.top_p < 1.0:
                 ids, c = _top_p_prefix(ids, c, _softmax(c), p.top_p)
         elif p.top_p < 1.0:
@@ -176,16 +193,19 @@ class Sampler:
 
     # -- steps -------------------------------------------------------------------------------------------
 
-    def _check_logits(self, logits: np.ndarray) -> np.ndarray:
+    def _as_row(self, logits: np.ndarray) -> np.ndarray:
         x = np.asarray(logits)
         if x.shape != (self.n_vocab,):
             raise ValueError(f"logits must have shape ({self.n_vocab},), got {x.shape}")
-        if x.dtype != np.float32:
-            x = x.astype(np.float32)
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        return x
+
+    def _check_logits(self, x: np.ndarray) -> np.ndarray:
         if np.isnan(x).any():
-            raise ValueError("logits contain NaN: the forward pass produced invalid values")
+            raise ValueError(_NAN_MESSAGE)
         if not np.isfinite(x.max()):
-            raise ValueError("logits contain +inf or are all -inf: nothing sensible to sample")
+            raise ValueError(_INF_MESSAGE)
         return x
 
     def _apply_penalties(self, x: np.ndarray, history: Sequence[int]) -> np.ndarray:

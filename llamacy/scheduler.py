@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from llamacy.errors import ContextOverflowError, LlamacyError, UsageError
+from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler, SamplingParams
 from llamacy.stopping import StopMatcher
 
@@ -518,6 +519,10 @@ class Scheduler:
                 self._fail(s, f"evaluation failed: {e}")
             return
         self.steps_total += 1
+        if self.n_threads > 1:
+            # Sampling and handing out text come next (a millisecond or more, on this thread, holding the
+            # GIL): the team's workers would spin through it on cores the event loop needs.
+            rest_workers()
         for s in decoding:
             kv.tokens[s.slot].append(s.next_token)  # type: ignore[arg-type]
         for s, chunk in chunks:

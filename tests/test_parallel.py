@@ -44,3 +44,24 @@ def test_several_callers_at_once():
 def test_ensure_threads_reports_the_team():
     assert parallel.ensure_threads(1) == 1
     assert parallel.ensure_threads(3) >= 3
+
+
+def test_jobs_after_rest_still_run_every_item():
+    # rest() sends the waiting workers to sleep; the next job must wake them (or run without them), and a
+    # rest() that lands in the middle of a job must not lose items. One thread hammers rest() meanwhile.
+    stop = threading.Event()
+
+    def rester():
+        while not stop.is_set():
+            parallel.rest()
+
+    t = threading.Thread(target=rester)
+    t.start()
+    try:
+        for _ in range(200):
+            parallel.rest()
+            counts = parallel.check_coverage(1001, 8, 3, repeats=5)
+            np.testing.assert_array_equal(counts, 5)
+    finally:
+        stop.set()
+        t.join(timeout=30)

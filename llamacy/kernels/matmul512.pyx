@@ -17,7 +17,7 @@
 #     buffer: quants unpacked, fp16 scales converted, K-quant scales expanded to what dpwssd takes. All
 #     the tokens then reuse them, instead of every 4 tokens unpacking again (see lrec, krec).
 #   - The 256-bit EVEX forms address 32 ymm registers: a tile is 4 rows x 4 tokens (16 accumulators).
-#   - The scale products d_w * d_x are made 4 rows at a time (one SSE multiply per token and block), stored,
+#   - The scale products d_w * d_x are made 4 rows x 2 tokens per 256-bit multiply (scale_products), stored,
 #     and each FMA takes its one as a broadcast from memory: a load, not a shuffle.
 #   - Few tokens (n_tok <= RAW_TOK, legacy types): the same tiles straight from the weights as stored
 #     (ltile_raw): with so few tokens, unpacking a block where it is used beats storing and reloading it.
@@ -247,6 +247,52 @@ cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
         dst[b].m[r] = 0.0
 
 
+# The scale products of one block for a tile: sc[t * 4 + r] = d_w[r] * d_x[t], and the min terms
+# (Q4_1/Q5_1) ms[t][r] += m_w[r] * s_x[t]. Two tokens per 256-bit multiply: dx8 and mv8 hold the 4 rows'
+# d and m twice, [d0..d3, d0..d3], against [d_x(t) x 4, d_x(t+1) x 4]. The same products and sums in the
+# same order as one SSE multiply per token (each lane is its own (row, token)), in half the multiplies:
+# these share the two pipes that every dpbusd and FMA of the tile needs, and made a third of its time.
+# ms01 holds the min terms of tokens 0 (low half) and 1, ms23 those of 2 and 3; an odd last token uses ms.
+cdef inline void scale_products(const lblock* tag, const tshape* shape, __m256 dx8, __m256 mv8,
+                                const block_q8a* yb, Py_ssize_t nb, float* sc, __m128* ms,
+                                __m256* ms01, __m256* ms23) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef int t
+    if T >= 2:
+        _mm256_storeu_ps(sc, _mm256_mul_ps(dx8, _mm256_set_m128(_mm_set1_ps(yb[nb].d), _mm_set1_ps(yb[0].d))))
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            # the min term, in block order: m_w * s_x rounded, then added
+            ms01[0] = _mm256_add_ps(ms01[0], _mm256_mul_ps(mv8, _mm256_set_m128(
+                _mm_set1_ps(yb[nb].s), _mm_set1_ps(yb[0].s))))
+    if T >= 4:
+        _mm256_storeu_ps(sc + 8, _mm256_mul_ps(dx8, _mm256_set_m128(
+            _mm_set1_ps(yb[3 * nb].d), _mm_set1_ps(yb[2 * nb].d))))
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms23[0] = _mm256_add_ps(ms23[0], _mm256_mul_ps(mv8, _mm256_set_m128(
+                _mm_set1_ps(yb[3 * nb].s), _mm_set1_ps(yb[2 * nb].s))))
+    if T % 2:
+        t = T - 1
+        _mm_storeu_ps(sc + t * 4, _mm_mul_ps(_mm256_castps256_ps128(dx8), _mm_set1_ps(yb[t * nb].d)))
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(_mm256_castps256_ps128(mv8), _mm_set1_ps(yb[t * nb].s)))
+
+
+# Token t's 4 min terms (see scale_products) into mo.
+cdef inline void min_terms(const tshape* shape, const __m128* ms, __m256 ms01, __m256 ms23, int t,
+                           float* mo) noexcept nogil:
+    cdef int T = ntoks(shape)
+    if t == T - 1 and T % 2:
+        _mm_storeu_ps(mo, ms[t])
+    elif t == 0:
+        _mm_storeu_ps(mo, _mm256_castps256_ps128(ms01))
+    elif t == 1:
+        _mm_storeu_ps(mo, _mm256_extractf128_ps(ms01, 1))
+    elif t == 2:
+        _mm_storeu_ps(mo, _mm256_castps256_ps128(ms23))
+    else:
+        _mm_storeu_ps(mo, _mm256_extractf128_ps(ms23, 1))
+
+
 # One prefill tile: the R repacked rows w[0..nb) x T tokens starting at y (nb blocks apart);
 # out[t * ldo + r] for r < nvalid.
 #
@@ -259,6 +305,7 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const blo
     cdef int T = ntoks(shape)
     cdef __m256 acc[4][MAXT]
     cdef __m128 ms[MAXT]
+    cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
     cdef __m256i qx[4]
     cdef __m256i sd[4]
     cdef __m256i qy, isum
@@ -279,15 +326,9 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const blo
     while b0 < nb:
         b1 = min(nb, b0 + SCH)
         for b in range(b0, b1):
-            dxv = _mm_loadu_ps(w[b].d)
-            if lblock is block_q4_1 or lblock is block_q5_1:
-                mv = _mm_loadu_ps(w[b].m)
-            for t in range(T):
-                yb = y + t * nb + b
-                _mm_storeu_ps(&sc[((b - b0) * MAXT + t) * 4], _mm_mul_ps(dxv, _mm_set1_ps(yb.d)))
-                if lblock is block_q4_1 or lblock is block_q5_1:
-                    # the min term, in block order: m_w * s_x rounded, then added
-                    ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(mv, _mm_set1_ps(yb.s)))
+            scale_products(tag, shape, _mm256_broadcast_ps(<const __m128*>w[b].d),
+                           _mm256_broadcast_ps(<const __m128*>w[b].m), y + b, nb, &sc[(b - b0) * MAXT * 4],
+                           ms, &ms01, &ms23)
         lc_spill(sc)
         for b in range(b0, b1):
             for r in range(R):
@@ -309,7 +350,7 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const blo
         b0 = b1
     for t in range(T):
         if lblock is block_q4_1 or lblock is block_q5_1:
-            _mm_storeu_ps(mo, ms[t])
+            min_terms(shape, ms, ms01, ms23, t, mo)
             for r in range(nvalid):
                 out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
         else:
@@ -326,10 +367,10 @@ cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py
     cdef int T = ntoks(shape)
     cdef __m256 acc[4][MAXT]
     cdef __m128 ms[MAXT]
+    cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
     cdef __m256i qx[4]
     cdef __m256i qy, seed
     cdef __m256 dm
-    cdef __m128 dxv, mv
     cdef float sc[SCH * MAXT * 4]
     cdef const float* s
     cdef float mo[4]
@@ -355,14 +396,9 @@ cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py
             dm = _mm256_cvtph_ps(_mm_set_epi32(
                 <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),
                 <int>load_u32(<const uint8_t*>(w + nb + b)), <int>load_u32(<const uint8_t*>(w + b))))
-            dxv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)))
-            if lblock is block_q4_1 or lblock is block_q5_1:
-                mv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)))
-            for t in range(T):
-                yb = y + t * nb + b
-                _mm_storeu_ps(&sc[((b - b0) * MAXT + t) * 4], _mm_mul_ps(dxv, _mm_set1_ps(yb.d)))
-                if lblock is block_q4_1 or lblock is block_q5_1:
-                    ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(mv, _mm_set1_ps(yb.s)))
+            scale_products(w, shape, _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)),
+                           _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)), y + b, nb,
+                           &sc[(b - b0) * MAXT * 4], ms, &ms01, &ms23)
         lc_spill(sc)
         for b in range(b0, b1):
             for r in range(R):
@@ -379,7 +415,7 @@ cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py
         b0 = b1
     for t in range(T):
         if lblock is block_q4_1 or lblock is block_q5_1:
-            _mm_storeu_ps(mo, ms[t])
+            min_terms(shape, ms, ms01, ms23, t, mo)
             for r in range(R):
                 out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
         else:

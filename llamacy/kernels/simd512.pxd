@@ -23,6 +23,8 @@ cdef extern from "simd512.h" nogil:
     __m256i _mm256_xor_si256(__m256i a, __m256i b)
     __m256i _mm256_cvtepu8_epi32(__m128i a)
     __m256 _mm256_permutevar8x32_ps(__m256 a, __m256i idx)
+    __m256 _mm256_set_m128(__m128 hi, __m128 lo)
+    __m256 _mm256_broadcast_ps(const __m128* p)
     __m128i _mm_shuffle_epi8(__m128i a, __m128i mask)
     __m128i _mm_srli_epi16(__m128i a, int n)
     __m128i _mm_and_si128(__m128i a, __m128i b)

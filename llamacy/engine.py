@@ -68,12 +68,17 @@ class Llama:
         n_batch: int = 256,
         verbose: bool = False,
         profile: bool = False,
+        kv_type: str = "f16",
     ) -> None:
         t0 = time.perf_counter()
         from llamacy.catalog import resolve_model
         from llamacy.gguf import GGUFFile
         from llamacy.model import Model, default_threads
         from llamacy.model.architectures import config_from_metadata
+        from llamacy.model.kv_cache import kv_dtype
+
+        kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
+        self.kv_type = kv_type
         from llamacy.tokenizer import Tokenizer
 
         self.model_path = resolve_model(model_path)
@@ -108,11 +113,13 @@ class Llama:
         )
         check_fits(
             weights,
-            self.config.kv_bytes(self.n_ctx),
+            self.config.kv_bytes(self.n_ctx, kv_type=kv_type),
             scratch,
             f"{self.model_path.name} at --ctx-size {self.n_ctx}",
         )
-        self.model = Model(self.gguf, self.n_ctx, self.n_threads, ubatch=n_batch, cfg=self.config)
+        self.model = Model(
+            self.gguf, self.n_ctx, self.n_threads, ubatch=n_batch, cfg=self.config, kv_type=kv_type
+        )
         self.verbose = verbose
         self.profiling = profile
         if profile:

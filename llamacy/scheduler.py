@@ -304,7 +304,12 @@ class Scheduler:
         # A Model of our own: llm.model keeps serving llm's single-sequence API, and our cache is laid out
         # for n_parallel sequences. The weights are the same memory-mapped file.
         self.model = Model(
-            llm.gguf, n_ctx=self.n_ctx, n_threads=self.n_threads, n_seq=n_parallel, cfg=llm.config
+            llm.gguf,
+            n_ctx=self.n_ctx,
+            n_threads=self.n_threads,
+            n_seq=n_parallel,
+            cfg=llm.config,
+            kv_type=llm.kv_type,
         )
         # When nothing is decoding there is nobody to stall: prefill in the Model's full micro-batches.
         self._solo_chunk = max(prefill_chunk, _SOLO_PREFILL_CHUNK)

@@ -132,7 +132,12 @@ def test_info_json(tiny_path):
     d = json.loads(r.stdout)
     assert d["architecture"] == "llama"
     assert d["ctx_size"] == 32
-    assert d["memory"]["kv_cache"] == 2 * 2 * 32 * 2 * 16 * 4  # K+V, layers, ctx, kv heads, head_dim, f32
+    assert d["kv_type"] == "f16"
+    assert d["memory"]["kv_cache"] == 2 * 2 * 32 * 2 * 16 * 2  # K+V, layers, ctx, kv heads, head_dim, f16
+    r = llamacy("info", str(tiny_path), "--json", "-c", "32", "--kv-type", "f32")
+    assert json.loads(r.stdout)["memory"]["kv_cache"] == 2 * 2 * 32 * 2 * 16 * 4
+    r = llamacy("info", str(tiny_path), "--kv-type", "q4")
+    assert_one_line_error(r, 2, "--kv-type must be one of f16, f32")
     assert d["quant_mix"]["Q8_0"] > 0
 
 

@@ -294,7 +294,7 @@ def write_hf_model(
 def engine_logits(path: Path, ids: list[int]) -> np.ndarray:
     from llamacy import Llama
 
-    return Llama(path, n_threads=1, n_ctx=64).logits(ids)
+    return Llama(path, n_threads=1, n_ctx=64, kv_type="f32").logits(ids)  # float-exact: the oracle's cache
 
 
 def rel_rms(a: np.ndarray, b: np.ndarray) -> float:

@@ -40,24 +40,50 @@ def test_rope_matches_numpy(neox, n_rot):
 
 # head_dim: 16 and 80 take attention.h's one-vector column path (80 after one 64-column pass), 64 and 256
 # the 64-column register path, 12 the plain loops; the ranges give 8-position blocks, tails and none.
+# kv: the cache's value type; with f16 the oracle sees the very halves the kernel reads (as float64).
+@pytest.mark.parametrize("kv", [np.float32, np.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 256, 12])
 @pytest.mark.parametrize(("first", "last"), [(5, 30), (0, 0), (3, 9), (0, 39)])
-def test_attention_matches_numpy(softcap, head_dim, first, last):
+def test_attention_matches_numpy(kv, softcap, head_dim, first, last):
     rng = np.random.default_rng(2)
-    K = rng.standard_normal((40, head_dim)).astype(np.float32)
-    V = rng.standard_normal((40, head_dim)).astype(np.float32)
+    K = rng.standard_normal((40, head_dim)).astype(kv)
+    V = rng.standard_normal((40, head_dim)).astype(kv)
     q = rng.standard_normal(head_dim).astype(np.float32)
     scale = 1.0 / np.sqrt(head_dim)
-    s = (K[first : last + 1] @ q) * scale
+    s = (K[first : last + 1].astype(np.float64) @ q) * scale
     if softcap:
         s = softcap * np.tanh(s / softcap)
     p = np.exp(s - s.max())
     p /= p.sum()
-    want = p @ V[first : last + 1]
+    want = p @ V[first : last + 1].astype(np.float64)
     np.testing.assert_allclose(
         ops.py_attend(q, K, V, first, last, scale, softcap), want, rtol=1e-5, atol=1e-6
     )
+
+
+def test_half_cache_rows_round_to_nearest_even_as_numpy():
+    rng = np.random.default_rng(5)
+    x = np.concatenate(
+        [
+            rng.standard_normal(1000) * 3,
+            rng.standard_normal(100) * 1e-6,  # half subnormals
+            [65504.0, 65519.0, 65520.0, 1e6, -1e6, 0.0, -0.0],  # the largest half, the overflow edge
+            np.float32(1.0) + np.arange(16) * np.float32(2**-11),  # ties between halves
+        ]
+    ).astype(np.float32)
+    got = ops.py_store_kv_row(x, True)
+    assert got.dtype == np.float16
+    with np.errstate(over="ignore"):  # numpy warns about the values that become inf, as they should
+        want = x.astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(ops.py_store_kv_row(x, False), x)
+
+
+def test_attention_rejects_mixed_cache_types():
+    K = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="float16"):
+        ops.py_attend(np.zeros(8, np.float32), K, K.astype(np.float16), 0, 3, 1.0)
 
 
 def test_attention_rejects_bad_range():

@@ -34,7 +34,7 @@ def _oracle_ppl(path, llm, text: str, n_ctx: int) -> tuple[float, int]:
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_matches_oracle(tiny_model, arch):
     path = tiny_model(arch, QT.F32)
-    llm = Llama(path, n_threads=1, n_ctx=32)
+    llm = Llama(path, n_threads=1, n_ctx=32, kv_type="f32")
     r = perplexity(llm, TEXT, 32)
     want, n = _oracle_ppl(path, llm, TEXT, 32)
     assert r.n_scored == n

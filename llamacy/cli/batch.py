@@ -22,6 +22,7 @@ def batch(
         256, "--predict", "-n", help="Tokens per prompt; -1 = until the model stops."
     ),
     ctx_size: int = opt.CTX,
+    kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
     temp: float = opt.TEMP,
     top_k: int = opt.TOP_K,
@@ -61,7 +62,7 @@ def batch(
     if len(already) >= len(items) and all(_k(it.id) in already for it in items):
         _say(f"all {len(items)} prompts already have results in {output}")
         return
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64, kv_type=kv_type)
     encode = None
     if chat:
         from llamacy.chat_template import ChatTemplate

@@ -6,6 +6,8 @@ import json
 
 import typer
 
+from llamacy.cli import options as opt
+
 
 def _ints(text: str, name: str, minimum: int) -> list[int]:
     from llamacy.errors import UsageError
@@ -31,6 +33,7 @@ def bench(
     repetitions: int = typer.Option(5, "--repetitions", "-r", help="Runs per test after one warm-up."),
     output: str = typer.Option("md", "--output", "-o", help="md, json or csv."),
     profile: bool = typer.Option(False, "--profile", help="Per-stage time of each test on stderr."),
+    kv_type: str = opt.KV_TYPE,
 ) -> None:
     from llamacy.errors import UsageError
 
@@ -50,7 +53,14 @@ def bench(
     results = []
     for m in models:
         need = max([*prompts, *gens, 1])
-        llm = Llama(m, n_ctx=need, n_threads=max(thread_counts), n_batch=max(prompts or [1]), profile=profile)
+        llm = Llama(
+            m,
+            n_ctx=need,
+            n_threads=max(thread_counts),
+            n_batch=max(prompts or [1]),
+            profile=profile,
+            kv_type=kv_type,
+        )
         for t in thread_counts:
             llm.n_threads = llm.model.n_threads = t
             for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:

@@ -410,6 +410,7 @@ def chat(
         -1, "--predict", "-n", help="Tokens per reply at most; -1 = until the model stops."
     ),
     ctx_size: int = opt.CTX,
+    kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
     temp: float = opt.TEMP,
     top_k: int = opt.TOP_K,
@@ -438,9 +439,9 @@ def chat(
         from rich.console import Console
 
         with Console().status("[dim]loading the model…[/dim]", spinner="dots"):
-            llm = Llama(model, n_ctx=ctx_size, n_threads=threads)
+            llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
     else:
-        llm = Llama(model, n_ctx=ctx_size, n_threads=threads)
+        llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
     session = ChatSession(llm, template, system=system, max_tokens=predict, **sampling)
     ui = ChatUI(session, interactive=interactive, markdown=markdown)

@@ -11,20 +11,22 @@ import typer
 from llamacy.cli import options as opt
 
 
-def describe(model: str | None, ctx_size: int | None) -> dict[str, Any]:
+def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> dict[str, Any]:
     from llamacy.catalog import resolve_model
     from llamacy.engine import DEFAULT_CTX
     from llamacy.ggml_types import type_name
     from llamacy.gguf import GGUFFile
     from llamacy.model.architectures import config_from_metadata
+    from llamacy.model.kv_cache import kv_dtype
 
+    kv_dtype(kv_type)
     path = resolve_model(model)
     f = GGUFFile(path)
     md = f.metadata
     cfg = config_from_metadata(md, path.name)
     n_ctx = ctx_size or min(cfg.n_ctx_train, DEFAULT_CTX)
     weights = sum(t.n_bytes for t in f.tensors.values())
-    kv = cfg.kv_bytes(n_ctx)
+    kv = cfg.kv_bytes(n_ctx, kv_type=kv_type)
     return {
         "path": str(path),
         "name": cfg.name,
@@ -44,6 +46,7 @@ def describe(model: str | None, ctx_size: int | None) -> dict[str, Any]:
         "tokenizer_pre": md.get("tokenizer.ggml.pre"),
         "chat_template": "tokenizer.chat_template" in md,
         "ctx_size": n_ctx,
+        "kv_type": kv_type,
         "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv},
     }
 
@@ -59,10 +62,11 @@ def _size(n: float) -> str:
 def info(
     model: str = typer.Argument(None, help="A GGUF file or known model name (default: smollm2-135m)."),
     ctx_size: int = opt.CTX,
+    kv_type: str = opt.KV_TYPE,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     opt.check_counts(None, ctx_size)
-    d = describe(model, ctx_size)
+    d = describe(model, ctx_size, kv_type)
     if as_json:
         typer.echo(json.dumps(d, indent=2))
         return
@@ -90,7 +94,7 @@ def info(
         (
             "memory",
             f"{_size(d['memory']['total'])} at --ctx-size {d['ctx_size']} "
-            f"(weights {_size(d['memory']['weights'])} + KV cache {_size(d['memory']['kv_cache'])})",
+            f"(weights {_size(d['memory']['weights'])} + {d['kv_type']} KV cache {_size(d['memory']['kv_cache'])})",
         ),
     ]
     for k, v in rows:

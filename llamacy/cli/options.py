@@ -19,6 +19,9 @@ REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", help="Penalty for repeate
 REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", help="How many recent tokens the repeat penalty sees.")
 PRESENCE = typer.Option(0.0, "--presence-penalty", help="OpenAI-style presence penalty.")
 FREQUENCY = typer.Option(0.0, "--frequency-penalty", help="OpenAI-style frequency penalty.")
+KV_TYPE = typer.Option(
+    "f16", "--kv-type", help="KV cache values: f16 (half the memory and reads) or f32 (exact)."
+)
 SEED = typer.Option(None, "--seed", "-s", help="Random seed, for reproducible sampling; -1 = random.")
 
 

@@ -15,6 +15,7 @@ def perplexity(
     file: Path = typer.Option(..., "--file", "-f", help="The text to score."),
     model: str = opt.MODEL,
     ctx_size: int = typer.Option(512, "--ctx-size", "-c", help="Tokens per chunk."),
+    kv_type: str = opt.KV_TYPE,
     chunks: int = typer.Option(None, "--chunks", help="Score at most this many chunks."),
     threads: int = opt.THREADS,
 ) -> None:
@@ -29,7 +30,7 @@ def perplexity(
         text = file.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=ctx_size)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=ctx_size, kv_type=kv_type)
     t0 = time.perf_counter()
 
     def progress(i: int, ppl: float) -> None:

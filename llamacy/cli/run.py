@@ -40,6 +40,7 @@ def run(
         256, "--predict", "-n", help="Tokens to generate; -1 = until the model stops."
     ),
     ctx_size: int = opt.CTX,
+    kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
     temp: float = opt.TEMP,
     top_k: int = opt.TOP_K,
@@ -66,7 +67,7 @@ def run(
     from llamacy.cli.output import CompletionWriter, print_profile, print_stats
     from llamacy.engine import Llama
 
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, profile=profile)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, profile=profile, kv_type=kv_type)
     out = CompletionWriter(echo=echo)
     out.prompt(text)
     try:

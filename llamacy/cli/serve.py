@@ -22,6 +22,7 @@ def serve(
         "-c",
         help="Context size of each sequence in tokens (default: min(model's, 4096)).",
     ),
+    kv_type: str = opt.KV_TYPE,
     queue_size: int = typer.Option(
         64, "--queue-size", help="Requests that may wait for a slot; more get 429."
     ),
@@ -56,7 +57,7 @@ def serve(
 
     sock = bind(host, port)  # before loading: a port in use fails fast
     # The Llama's own Model (one sequence) stays small: the scheduler builds the batched one.
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64, kv_type=kv_type)
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
     scheduler = Scheduler(llm, n_parallel=parallel, n_ctx=llm.n_ctx, queue_size=queue_size)
     settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl, model_name=llm.model_path.stem)

@@ -10,6 +10,10 @@
  * _warm_kv). Without AVX2 (the portable build), or for a head_dim that is not a multiple of 8, the same
  * arithmetic runs as plain loops.
  *
+ * The cached rows are float32 or IEEE half (the KV cache's type, `f16`): halves are widened as they are
+ * loaded (F16C), so a half cache reads half the bytes for the same arithmetic. The kernel is written once,
+ * with `f16` a constant that the two entry points fix (lc_attend, lc_attend_f16).
+ *
  * Included into ops.c only, which is built with -ffast-math: the softmax loops call glibc's vector expf.
  */
 #ifndef LLAMACY_ATTENTION_H
@@ -17,12 +21,21 @@
 
 #include <math.h>
 #include <stddef.h>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include <stdint.h>
+
+#include "simd.h" /* _cvtsh_ss: F16C, or its exact portable twin */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LC_ATT_SIMD 1
 #else
 #define LC_ATT_SIMD 0
 #endif
+
+#define LC_ATT_INLINE static inline __attribute__((always_inline))
+
+/* Element i of a cached row block: float32 or half. */
+LC_ATT_INLINE float lc_kv_get(const void *p, ptrdiff_t i, int f16) {
+    return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
 
 /* The float dot product of the ops module (ops.pyx's dot_f32 is this): eight partial sums, so it vectorises
  * even without -ffast-math. */
@@ -38,21 +51,27 @@ static inline float lc_dot_f32(const float *a, const float *b, ptrdiff_t n) {
 }
 
 #if LC_ATT_SIMD
+/* 8 cached values from element i on, as floats. */
+LC_ATT_INLINE __m256 lc_kv_load8(const void *p, ptrdiff_t i, int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+               : _mm256_loadu_ps((const float *)p + i);
+}
+
 /* scores[j..j+8) = scale * dot(q, K row j+p) for p < 8; hd a multiple of 8. */
-static inline void lc_att_scores8(const float *q, const float *K, ptrdiff_t j, ptrdiff_t hd, float scale,
-                                  float *scores) {
-    const float *k = K + j * hd;
+LC_ATT_INLINE void lc_att_scores8(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
+                                  float *scores, int f16) {
+    const ptrdiff_t k = j * hd;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (ptrdiff_t d = 0; d < hd; d += 8) {
         __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + hd + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * hd + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * hd + d), a3);
-        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * hd + d), a4);
-        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * hd + d), a5);
-        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * hd + d), a6);
-        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * hd + d), a7);
+        a0 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + d, f16), a0);
+        a1 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + hd + d, f16), a1);
+        a2 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 2 * hd + d, f16), a2);
+        a3 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 3 * hd + d, f16), a3);
+        a4 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 4 * hd + d, f16), a4);
+        a5 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 5 * hd + d, f16), a5);
+        a6 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 6 * hd + d, f16), a6);
+        a7 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 7 * hd + d, f16), a7);
     }
     /* hadd pairs within 128-bit halves: after two levels, lane i of the low half holds the low-half sum
      * of accumulator i (i < 4) and the high half the high-half sums; t2 the same for accumulators 4..7. */
@@ -63,21 +82,21 @@ static inline void lc_att_scores8(const float *q, const float *K, ptrdiff_t j, p
 }
 
 /* out[0..nv*8) = inv * sum_j w[j] * V row j (columns d0..), nv <= 8 vectors kept in registers. */
-static inline void lc_att_values(const float *w, const float *V, ptrdiff_t first, ptrdiff_t n, ptrdiff_t hd,
-                                 ptrdiff_t d0, float inv, float *out) {
+LC_ATT_INLINE void lc_att_values(const float *w, const void *V, ptrdiff_t first, ptrdiff_t n, ptrdiff_t hd,
+                                 ptrdiff_t d0, float inv, float *out, int f16) {
     if (hd - d0 >= 64) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         for (ptrdiff_t j = first; j < n; j++) {
-            const float *v = V + j * hd + d0;
+            const ptrdiff_t v = j * hd + d0;
             __m256 wj = _mm256_broadcast_ss(w + j);
-            a0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v), a0);
-            a1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 16), a2);
-            a3 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 24), a3);
-            a4 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 32), a4);
-            a5 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 40), a5);
-            a6 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 48), a6);
-            a7 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 56), a7);
+            a0 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v, f16), a0);
+            a1 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 8, f16), a1);
+            a2 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 16, f16), a2);
+            a3 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 24, f16), a3);
+            a4 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 32, f16), a4);
+            a5 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 40, f16), a5);
+            a6 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 48, f16), a6);
+            a7 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 56, f16), a7);
         }
         __m256 iv = _mm256_set1_ps(inv);
         _mm256_storeu_ps(out + d0, _mm256_mul_ps(a0, iv));
@@ -93,23 +112,36 @@ static inline void lc_att_values(const float *w, const float *V, ptrdiff_t first
     for (ptrdiff_t d = d0; d < hd; d += 8) { /* fewer than 64 columns left: one vector at a time */
         __m256 a = _mm256_setzero_ps();
         for (ptrdiff_t j = first; j < n; j++)
-            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j), _mm256_loadu_ps(V + j * hd + d), a);
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j), lc_kv_load8(V, j * hd + d, f16), a);
         _mm256_storeu_ps(out + d, _mm256_mul_ps(a, _mm256_set1_ps(inv)));
     }
 }
 #endif
 
-/* K and V point at position 0 of the head's cache (rows of hd floats); scores needs last + 1 floats. */
-static void lc_attend(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,
-                      ptrdiff_t hd, float scale, float softcap, float *scores, float *out) {
+/* The dot product of q with a cached row (the positions left over from the blocks of 8, and no-SIMD). */
+LC_ATT_INLINE float lc_att_dot(const float *q, const void *K, ptrdiff_t row, ptrdiff_t hd, int f16) {
+    if (!f16) return lc_dot_f32(q, (const float *)K + row, hd);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    ptrdiff_t i = 0;
+    for (; i + 8 <= hd; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += q[i + k] * lc_kv_get(K, row + i + k, 1);
+    float s = 0.0f;
+    for (int k = 0; k < 8; k++) s += acc[k];
+    for (; i < hd; i++) s += q[i] * lc_kv_get(K, row + i, 1);
+    return s;
+}
+
+/* K and V point at position 0 of the head's cache (rows of hd values); scores needs last + 1 floats. */
+LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, ptrdiff_t first, ptrdiff_t last,
+                                  ptrdiff_t hd, float scale, float softcap, float *scores, float *out, int f16) {
     const ptrdiff_t n = last + 1;
     const int simd = LC_ATT_SIMD && hd % 8 == 0;
     ptrdiff_t j = first;
 #if LC_ATT_SIMD
     if (simd)
-        for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores);
+        for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, f16);
 #endif
-    for (; j < n; j++) scores[j] = lc_dot_f32(q, K + j * hd, hd) * scale;
+    for (; j < n; j++) scores[j] = lc_att_dot(q, K, j * hd, hd, f16) * scale;
     if (softcap > 0.0f)
         for (j = first; j < n; j++) scores[j] = softcap * tanhf(scores[j] / softcap);
     float m = -3.0e38f;
@@ -123,16 +155,26 @@ static void lc_attend(const float *q, const float *K, const float *V, ptrdiff_t 
     const float inv = 1.0f / total;
 #if LC_ATT_SIMD
     if (simd) {
-        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64) lc_att_values(scores, V, first, n, hd, d0, inv, out);
+        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64) lc_att_values(scores, V, first, n, hd, d0, inv, out, f16);
         return;
     }
 #endif
     for (ptrdiff_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (j = first; j < n; j++) {
         const float w = scores[j] * inv;
-        const float *vj = V + j * hd;
-        for (ptrdiff_t d = 0; d < hd; d++) out[d] += w * vj[d];
+        for (ptrdiff_t d = 0; d < hd; d++) out[d] += w * lc_kv_get(V, j * hd + d, f16);
     }
+}
+
+static void lc_attend(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,
+                      ptrdiff_t hd, float scale, float softcap, float *scores, float *out) {
+    lc_attend_impl(q, K, V, first, last, hd, scale, softcap, scores, out, 0);
+}
+
+/* The same over a half-precision cache (K, V: rows of hd IEEE halves). */
+static void lc_attend_f16(const float *q, const uint16_t *K, const uint16_t *V, ptrdiff_t first,
+                          ptrdiff_t last, ptrdiff_t hd, float scale, float softcap, float *scores, float *out) {
+    lc_attend_impl(q, K, V, first, last, hd, scale, softcap, scores, out, 1);
 }
 
 #endif

@@ -16,5 +16,7 @@ cdef void gelu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil
 cdef void add_inplace(float* x, const float* y, Py_ssize_t n) noexcept nogil
 cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
-cdef void attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
-                 Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out) noexcept nogil
+cdef void attend(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
+                 Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out,
+                 bint kv_f16) noexcept nogil
+cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) noexcept nogil

@@ -7,12 +7,18 @@ independent partial sums, so they vectorise even without it (the portable build)
 """
 
 from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
+from libc.stdint cimport uint8_t, uint16_t
+from libc.string cimport memcpy
+
+from llamacy.kernels.simd cimport _cvtss_sh
 
 import numpy as np
 
 
 cdef extern from "attention.h" nogil:
     float lc_dot_f32(const float* a, const float* b, Py_ssize_t n)
+    void lc_attend_f16(const float* q, const uint16_t* K, const uint16_t* V, Py_ssize_t first, Py_ssize_t last,
+                       Py_ssize_t hd, float scale, float softcap, float* scores, float* out)
     void lc_attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
                    Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out)
 
@@ -109,13 +115,31 @@ cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil:
         x[i] *= s
 
 
-cdef void attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
-                 Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out) noexcept nogil:
+cdef void attend(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
+                 Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out,
+                 bint kv_f16) noexcept nogil:
     """One query head over cached positions first..last (inclusive) of one KV head (see attention.h).
 
-    K and V point at position 0 of that head's cache, rows of head_dim floats. scores needs last+1 floats.
+    K and V point at position 0 of that head's cache, rows of head_dim floats (or IEEE halves, kv_f16).
+    scores needs last+1 floats.
     """
-    lc_attend(q, K, V, first, last, head_dim, scale, softcap, scores, out)
+    if kv_f16:
+        lc_attend_f16(q, <const uint16_t*>K, <const uint16_t*>V, first, last, head_dim, scale, softcap, scores,
+                      out)
+    else:
+        lc_attend(q, <const float*>K, <const float*>V, first, last, head_dim, scale, softcap, scores, out)
+
+
+cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) noexcept nogil:
+    """A K or V row into the cache: copied, or rounded to IEEE half (to nearest even, as F16C and numpy)."""
+    cdef Py_ssize_t i
+    cdef uint16_t* h
+    if kv_f16:
+        h = <uint16_t*>dst
+        for i in range(n):
+            h[i] = _cvtss_sh(src[i], 0)
+    else:
+        memcpy(dst, src, n * sizeof(float))
 
 
 # Python-level twins, for the tests that check these against numpy.
@@ -136,14 +160,30 @@ def py_rope(float[:, ::1] x, Py_ssize_t n_rot, float pos, float base, int mode):
     rope(&x[0, 0], x.shape[0], x.shape[1], n_rot, &c[0], mode)
 
 
-def py_attend(float[::1] q, float[:, ::1] K, float[:, ::1] V, Py_ssize_t first, Py_ssize_t last,
-              float scale, float softcap=0.0):
+def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
+    """K, V: [positions, head_dim] float32, or float16 (a half-precision cache)."""
+    K = np.ascontiguousarray(K)
+    V = np.ascontiguousarray(V)
+    if K.dtype != V.dtype or K.dtype not in (np.float32, np.float16) or K.ndim != 2 or V.ndim != 2:
+        raise ValueError("K and V must be 2-D, both float32 or both float16")
     if not (0 <= first <= last < K.shape[0]) or K.shape[0] != V.shape[0]:
         raise ValueError("bad attention range")
     if q.shape[0] != K.shape[1] or K.shape[1] != V.shape[1]:
         raise ValueError("head_dim mismatch")
+    cdef bint f16 = K.dtype == np.float16
+    cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
+    cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
     scores = np.empty(K.shape[0], dtype=np.float32)
     out = np.empty(K.shape[1], dtype=np.float32)
     cdef float[::1] s = scores, o = out
-    attend(&q[0], &K[0, 0], &V[0, 0], first, last, K.shape[1], scale, softcap, &s[0], &o[0])
+    attend(&q[0], &kb[0], &vb[0], first, last, K.shape[1], scale, softcap, &s[0], &o[0], f16)
+    return out
+
+
+def py_store_kv_row(float[::1] x, bint kv_f16):
+    """x as store_kv_row writes it into a cache of that type (float32 or float16 array)."""
+    out = np.empty(x.shape[0], dtype=np.float16 if kv_f16 else np.float32)
+    cdef uint8_t[::1] ob = out.view(np.uint8)
+    if x.shape[0]:
+        store_kv_row(&ob[0], &x[0], x.shape[0], kv_f16)
     return out

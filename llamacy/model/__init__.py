@@ -10,9 +10,17 @@ import numpy as np
 from llamacy.errors import UnsupportedModelError
 from llamacy.model.architectures import ARCHITECTURES, config_from_metadata
 from llamacy.model.config import ModelConfig
-from llamacy.model.kv_cache import KVCache
+from llamacy.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache
 
-__all__ = ["ARCHITECTURES", "KVCache", "Model", "ModelConfig", "default_threads"]
+__all__ = [
+    "ARCHITECTURES",
+    "DEFAULT_KV_TYPE",
+    "KV_TYPES",
+    "KVCache",
+    "Model",
+    "ModelConfig",
+    "default_threads",
+]
 
 
 def default_threads() -> int:
@@ -33,6 +41,7 @@ class Model:
         n_seq: int = 1,
         ubatch: int = 256,
         cfg: ModelConfig | None = None,
+        kv_type: str = DEFAULT_KV_TYPE,
     ) -> None:
         from llamacy.kernels import ensure_cpu
 
@@ -47,7 +56,7 @@ class Model:
         self.n_threads = n_threads
         glob, layers = WeightBinder(gguf, self.cfg).bind()
         self.forward = Forward(hparams_for_forward(self.cfg), glob, layers, ubatch, n_ctx, max(n_threads, 1))
-        self.kv = KVCache(self.cfg, n_ctx, n_seq)
+        self.kv = KVCache(self.cfg, n_ctx, n_seq, kv_type)
         self._gguf = gguf  # the weights point into its mapping
 
     def eval(

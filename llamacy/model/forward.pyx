@@ -13,7 +13,6 @@ from libc.math cimport sqrtf, tanhf
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy
 
 from llamacy.kernels.matmul cimport matmul
 from llamacy.kernels.parallel cimport parallel_for
@@ -27,6 +26,7 @@ from llamacy.kernels.ops cimport (
     rope_table,
     scale_inplace,
     silu_mul,
+    store_kv_row,
 )
 from llamacy.kernels.quant cimport act_format, act_row_bytes, dequantize_row, quantize_act_row
 from llamacy.kernels.simd cimport lc_prefetch_l2
@@ -253,23 +253,30 @@ cdef class Forward:
             self.last_mark = now
 
     def eval(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] seq,
-             float[:, :, :, :, ::1] k_cache, float[:, :, :, :, ::1] v_cache,
-             const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads):
+             object k_cache, object v_cache, const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads):
         """Evaluate tokens[i] at position pos[i] of sequence seq[i]; write K/V into the caches.
 
-        k_cache, v_cache: [n_layer, n_seq, n_head_kv, n_ctx, head_dim] float32.
+        k_cache, v_cache: [n_layer, n_seq, n_head_kv, n_ctx, head_dim] C-contiguous numpy arrays, both float32
+        or both float16 (a half-precision cache: K/V rows rounded to half as they are written).
         logit_rows: indices into the batch whose logits are wanted, ascending; logits: [len, n_vocab].
         """
         cdef Py_ssize_t n = tokens.shape[0]
-        cdef Py_ssize_t n_seq = k_cache.shape[1], n_ctx = k_cache.shape[3]
         cdef Py_ssize_t i, start, stop, r
-        if pos.shape[0] != n or seq.shape[0] != n:
-            raise ValueError("tokens, pos and seq must have the same length")
-        if (k_cache.shape[0] != self.n_layer or k_cache.shape[2] != self.n_head_kv
-                or k_cache.shape[4] != self.head_dim):
-            raise ValueError("KV cache shape does not match the model")
-        if any(k_cache.shape[d] != v_cache.shape[d] for d in range(5)):
+        if not (isinstance(k_cache, np.ndarray) and isinstance(v_cache, np.ndarray)):
+            raise TypeError("the KV caches must be numpy arrays")
+        if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (np.float32, np.float16):
+            raise ValueError("the K and V caches must both be float32 or both float16")
+        if k_cache.ndim != 5 or k_cache.shape != v_cache.shape:
             raise ValueError("K and V caches differ in shape")
+        if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+            raise ValueError("the KV caches must be C-contiguous")
+        if (k_cache.shape[0] != self.n_layer or k_cache.shape[2] != self.n_head_kv
+                or k_cache.shape[4] != self.head_dim or k_cache.size == 0):
+            raise ValueError("KV cache shape does not match the model")
+        cdef Py_ssize_t n_seq = k_cache.shape[1], n_ctx = k_cache.shape[3]
+        cdef bint kv_f16 = k_cache.dtype == np.float16
+        cdef uint8_t[::1] kbytes = k_cache.reshape(-1).view(np.uint8)
+        cdef uint8_t[::1] vbytes = v_cache.reshape(-1).view(np.uint8)
         if n_ctx > self.n_ctx_max:
             raise ValueError("KV cache longer than the scratch was sized for")
         if logits.shape[0] != logit_rows.shape[0] or (logit_rows.shape[0] and logits.shape[1] != self.n_vocab):
@@ -287,8 +294,8 @@ cdef class Forward:
         nthreads = max(1, min(nthreads, self.threads_max))
         if n == 0:
             return
-        cdef float* kc = &k_cache[0, 0, 0, 0, 0]
-        cdef float* vc = &v_cache[0, 0, 0, 0, 0]
+        cdef char* kc = <char*>&kbytes[0]
+        cdef char* vc = <char*>&vbytes[0]
         cdef float* lg = &logits[0, 0] if logit_rows.shape[0] else NULL
         cdef Py_ssize_t lr = 0, lr_end
         start = 0
@@ -301,7 +308,7 @@ cdef class Forward:
             while lr_end < logit_rows.shape[0] and logit_rows[lr_end] < stop:
                 lr_end += 1
             with nogil:
-                self._ubatch(&tokens[start], &pos[start], &seq[start], stop - start, kc, vc, n_seq, n_ctx,
+                self._ubatch(&tokens[start], &pos[start], &seq[start], stop - start, kc, vc, kv_f16, n_seq, n_ctx,
                              &logit_rows[lr] if lr_end > lr else NULL, lr_end - lr, start,
                              lg + lr * self.n_vocab if lr_end > lr else NULL, nthreads)
             lr = lr_end
@@ -334,7 +341,7 @@ cdef class Forward:
         self._lap(kind)
 
     cdef void _ubatch(self, const int32_t* tokens, const int32_t* pos, const int32_t* seq, Py_ssize_t n,
-                      float* kc, float* vc, Py_ssize_t n_seq, Py_ssize_t n_ctx,
+                      char* kc, char* vc, bint kv_f16, Py_ssize_t n_seq, Py_ssize_t n_ctx,
                       const int32_t* logit_rows, Py_ssize_t n_logits, Py_ssize_t row0, float* logits,
                       int nthreads) noexcept nogil:
         cdef Py_ssize_t E = self.n_embd, HD = self.head_dim, NH = self.n_head, NKV = self.n_head_kv
@@ -348,8 +355,9 @@ cdef class Forward:
         cdef LayerT* L
         cdef int fmt
         cdef float base = 0.0, fscale = 0.0
-        cdef float* kl
-        cdef float* vl
+        cdef Py_ssize_t es = 2 if kv_f16 else 4  # bytes per cached value
+        cdef char* kl
+        cdef char* vl
         cdef AttnCtx actx
         cdef RowJob rj
         rj.eps = self.eps
@@ -367,6 +375,10 @@ cdef class Forward:
         rj.seq = seq
         rj.seq_stride = seq_stride
         rj.head_stride = head_stride
+        rj.kv_f16 = kv_f16
+        rj.es = es
+        actx.kv_f16 = kv_f16
+        actx.es = es
         actx.q = s.q
         actx.att = s.att
         actx.scores = s.scores
@@ -387,10 +399,10 @@ cdef class Forward:
 
         for l in range(self.n_layer):
             L = &self.layers[l]
-            kl = kc + l * layer_stride
-            vl = vc + l * layer_stride
+            kl = kc + l * layer_stride * es
+            vl = vc + l * layer_stride * es
             if n <= KV_WARM_TOKENS:
-                _warm_kv(kl, vl, pos, seq, n, NKV, HD, seq_stride, head_stride, L.window)
+                _warm_kv(kl, vl, es, pos, seq, n, NKV, HD, seq_stride, head_stride, L.window)
             # Attention block.
             _norm_rows(&rj, s.x, L.attn_norm, s.xn, E, n, nthreads)
             fmt = -1
@@ -487,14 +499,16 @@ ctypedef struct RowJob:
     int rope_mode
     const int32_t* pos
     const int32_t* seq
-    float* kl
-    float* vl
-    Py_ssize_t seq_stride, head_stride
+    char* kl              # this layer's K cache (float32 or half values, es bytes each)
+    char* vl
+    Py_ssize_t seq_stride, head_stride   # in values
+    bint kv_f16
+    Py_ssize_t es
 
 
 cdef void _rows_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
     cdef RowJob* j = <RowJob*> ctx
-    cdef Py_ssize_t t, h, D = j.dim, QW, KVW, HD
+    cdef Py_ssize_t t, h, D = j.dim, QW, KVW, HD, off
     cdef const LayerT* L
     for t in range(begin, end):
         if j.kind == ROW_NORM:
@@ -527,10 +541,9 @@ cdef void _rows_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
             rope(j.q + t * QW, j.n_head, HD, j.n_rot, j.cs + t * j.n_rot, j.rope_mode)
             rope(j.k + t * KVW, j.n_head_kv, HD, j.n_rot, j.cs + t * j.n_rot, j.rope_mode)
             for h in range(j.n_head_kv):
-                memcpy(j.kl + j.seq[t] * j.seq_stride + h * j.head_stride + j.pos[t] * HD,
-                       j.k + t * KVW + h * HD, HD * sizeof(float))
-                memcpy(j.vl + j.seq[t] * j.seq_stride + h * j.head_stride + j.pos[t] * HD,
-                       j.v + t * KVW + h * HD, HD * sizeof(float))
+                off = (j.seq[t] * j.seq_stride + h * j.head_stride + j.pos[t] * HD) * j.es
+                store_kv_row(j.kl + off, j.k + t * KVW + h * HD, HD, j.kv_f16)
+                store_kv_row(j.vl + off, j.v + t * KVW + h * HD, HD, j.kv_f16)
 
 
 # Tokens per claim: about four claims per thread, at least ROW_MIN_TOKENS tokens each, so that a few
@@ -589,8 +602,8 @@ cdef enum:
     KV_WARM_BYTES = 786432  # at most this much per layer: L2 is 1 MB on the machines we measure
 
 
-cdef void _warm_kv(const float* kl, const float* vl, const int32_t* pos, const int32_t* seq, Py_ssize_t n,
-                   Py_ssize_t nkv, Py_ssize_t hd, Py_ssize_t seq_stride, Py_ssize_t head_stride,
+cdef void _warm_kv(const char* kl, const char* vl, Py_ssize_t es, const int32_t* pos, const int32_t* seq,
+                   Py_ssize_t n, Py_ssize_t nkv, Py_ssize_t hd, Py_ssize_t seq_stride, Py_ssize_t head_stride,
                    Py_ssize_t window) noexcept nogil:
     cdef Py_ssize_t t, h, first, nbytes, b, off
     cdef Py_ssize_t budget = KV_WARM_BYTES
@@ -598,15 +611,15 @@ cdef void _warm_kv(const float* kl, const float* vl, const int32_t* pos, const i
         first = 0
         if window > 0 and pos[t] - window + 1 > 0:
             first = pos[t] - window + 1
-        nbytes = (pos[t] - first) * hd * <Py_ssize_t>sizeof(float)  # the rows before this token's own
+        nbytes = (pos[t] - first) * hd * es  # the rows before this token's own
         for h in range(nkv):
             budget -= 2 * nbytes
             if budget < 0:
                 return
-            off = seq[t] * seq_stride + h * head_stride + first * hd
+            off = (seq[t] * seq_stride + h * head_stride + first * hd) * es
             for b in range(0, nbytes, 64):
-                lc_prefetch_l2(<const char*>(kl + off) + b)
-                lc_prefetch_l2(<const char*>(vl + off) + b)
+                lc_prefetch_l2(kl + off + b)
+                lc_prefetch_l2(vl + off + b)
 
 
 ctypedef struct AttnCtx:
@@ -615,8 +628,10 @@ ctypedef struct AttnCtx:
     float* scores         # per thread [threads, n_ctx]
     const int32_t* pos
     const int32_t* seq
-    float* kl             # this layer's K cache
-    float* vl
+    const char* kl        # this layer's K cache (float32 or half values, es bytes each)
+    const char* vl
+    bint kv_f16
+    Py_ssize_t es
     Py_ssize_t window
     Py_ssize_t seq_stride
     Py_ssize_t head_stride
@@ -641,5 +656,5 @@ cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         if c.window > 0 and p - c.window + 1 > 0:
             first = p - c.window + 1
         off = c.seq[t] * c.seq_stride + (h // c.group) * c.head_stride
-        attend(c.q + t * NH * HD + h * HD, c.kl + off, c.vl + off, first, p, HD, c.scale, c.softcap, scores,
-               c.att + t * NH * HD + h * HD)
+        attend(c.q + t * NH * HD + h * HD, c.kl + off * c.es, c.vl + off * c.es, first, p, HD, c.scale, c.softcap,
+               scores, c.att + t * NH * HD + h * HD, c.kv_f16)

@@ -262,8 +262,11 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 # -- the forward pass ----------------------------------------------------------------------------------
 
 
-def reference_logits(path: str | Path, tokens: list[int]) -> np.ndarray:
-    """Logits [len(tokens), n_vocab] (float32) for every position of `tokens`, from an empty cache."""
+def reference_logits(path: str | Path, tokens: list[int], kv_type: str = "f32") -> np.ndarray:
+    """Logits [len(tokens), n_vocab] (float32) for every position of `tokens`, from an empty cache.
+
+    kv_type "f16": K and V (after RoPE) are rounded to IEEE half, as a half-precision KV cache stores
+    them; everything else stays float64."""
     m = load(path)
     c = m.config
     if not tokens:
@@ -304,6 +307,9 @@ def reference_logits(path: str | Path, tokens: list[int]) -> np.ndarray:
         freq_scale = 1.0 if local else c.rope_freq_scale
         q = rope(q, pos, c.n_rot, base, freq_scale, c.rope_type, freq_factors)
         k = rope(k, pos, c.n_rot, base, freq_scale, c.rope_type, freq_factors)
+        if kv_type == "f16":
+            k = k.astype(np.float16).astype(np.float64)
+            v = v.astype(np.float16).astype(np.float64)
         a = attention(q, k, v, c.kq_scale, c.n_swa if local else 0)
         a = linear(a, "attn_output")
         if gemma:

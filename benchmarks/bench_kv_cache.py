@@ -71,7 +71,7 @@ def main() -> None:
 
     gguf = GGUFFile(resolve_model(args.model))
     rng = np.random.default_rng(0)
-    print(f"model: {gguf.path.name}  steps: {args.steps}  rounds: {args.rounds}")
+    print(f"model: {Path(gguf.path).name}  steps: {args.steps}  rounds: {args.rounds}")
     print("| seqs | threads | depth | f32 ms/step | f16 ms/step | f16 speed-up |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for n_seq in ints(args.seqs):

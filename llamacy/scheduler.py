@@ -330,6 +330,7 @@ class Scheduler:
         self.steps_total = 0
         self.finished_total: dict[str, int] = {}
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
+        self._step_hooks: list[Callable[[], None]] = []
 
     # ---- public API (any thread) --------------------------------------------------------------------
 
@@ -397,6 +398,19 @@ class Scheduler:
         else:  # never started: fail whatever was queued
             self._fail_all("the server is shutting down")
 
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call hook() on the scheduler thread after each step's events have gone to their listeners (and
+        after the final failures at shutdown): a listener that batches events for another thread (the
+        server's event loop) hands them over there, one wake-up per step instead of one per event."""
+        self._step_hooks.append(hook)
+
+    def _run_step_hooks(self) -> None:
+        for hook in list(self._step_hooks):
+            try:
+                hook()
+            except Exception:  # a consumer's bug must not stop the other sequences
+                log.exception("step hook failed")
+
     def tokens_per_second(self) -> float:
         """Generated tokens per second over the last few seconds (all sequences together)."""
         recent = list(self._recent)
@@ -426,6 +440,7 @@ class Scheduler:
                 self._drop_cancelled()
                 if self._active:
                     self._step()
+                self._run_step_hooks()
         except BaseException:  # a bug here must not leave clients waiting forever
             log.exception("scheduler thread crashed")
             with self._cond:
@@ -631,3 +646,4 @@ class Scheduler:
             pending, self._pending = list(self._pending), deque()
         for h in pending:
             h._emit(Failed(message, shutdown=True))
+        self._run_step_hooks()

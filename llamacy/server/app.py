@@ -53,6 +53,7 @@ class ServerState:
     jobs: JobStore
     requests: RequestCounter = field(default_factory=RequestCounter)
     created: int = field(default_factory=lambda: int(time.time()))
+    mailbox: Any = None  # generation.LoopMailbox of the loop serving requests (made on first use)
 
     @property
     def tokenizer(self) -> Any:

@@ -121,6 +121,15 @@ LC_ATT_INLINE void lc_att_values(const float *w, const void *V, ptrdiff_t first,
 /* The dot product of q with a cached row (the positions left over from the blocks of 8, and no-SIMD). */
 LC_ATT_INLINE float lc_att_dot(const float *q, const void *K, ptrdiff_t row, ptrdiff_t hd, int f16) {
     if (!f16) return lc_dot_f32(q, (const float *)K + row, hd);
+#if LC_ATT_SIMD
+    if (hd % 8 == 0) { /* halves widened 8 at a time: the scalar loop converts one by one */
+        __m256 a = _mm256_setzero_ps();
+        for (ptrdiff_t d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), lc_kv_load8(K, row + d, 1), a);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+#endif
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     ptrdiff_t i = 0;
     for (; i + 8 <= hd; i += 8)

@@ -1,6 +1,7 @@
 """Throughput of `llamacy serve` with many streaming clients vs one.
 
     python benchmarks/bench_server.py [--model PATH] [--clients 8] [--tokens 64] [--threads N] [--rounds 5]
+                                      [--client lean|httpx]
 
 Starts `llamacy serve --parallel CLIENTS` on a free loopback port, warms it up, then runs --rounds rounds,
 each measuring both cases back to back (which one goes first alternates):

@@ -242,3 +242,61 @@ def test_listener_errors_do_not_stop_the_scheduler(llm):
         h = sched.submit(request(llm, "Hello", 3), bad_listener)
         assert h.result(30).usage.completion_tokens <= 3
         assert sched.submit(request(llm, "Hello", 3)).result(30).finish_reason in ("stop", "length")
+
+
+def test_step_hooks_follow_every_event(llm):
+    # The server's mailbox relies on this: every event a listener gets is followed, on the scheduler thread,
+    # by a step-hook call (so a batch handed over per step never strands an event), shutdown included.
+    log: list[str] = []
+    lock = threading.Lock()
+
+    def listener(ev) -> None:
+        with lock:
+            log.append("event" if not isinstance(ev, Done | Failed) else "final")
+
+    def hook() -> None:
+        with lock:
+            log.append("hook")
+
+    sched = Scheduler(llm, n_parallel=2, n_ctx=64)
+    sched.add_step_hook(hook)
+    sched.add_step_hook(lambda: 1 / 0)  # a broken hook is logged, not fatal
+    with sched:
+        handles = [sched.submit(request(llm, p, 5), listener) for p in PROMPTS[:3]]
+        for h in handles:
+            h.result(30)
+        time.sleep(0.1)  # the hook of the last step runs right after its events
+        with lock:
+            assert log and log[-1] == "hook"
+            assert log.count("final") == 3
+    # Never started: shutdown fails the queued request on the caller's thread, then runs the hooks.
+    idle = Scheduler(llm, n_parallel=1, n_ctx=64)
+    idle.add_step_hook(hook)
+    log.clear()
+    idle.submit(request(llm, "Hello", 3), listener)
+    idle.shutdown()
+    assert log == ["final", "hook"]
+
+
+def test_server_mailbox_hands_a_steps_events_over_in_order():
+    import asyncio
+
+    from llamacy.server.generation import LoopMailbox
+
+    async def main() -> list[int]:
+        box = LoopMailbox(asyncio.get_running_loop())
+        q: asyncio.Queue = asyncio.Queue()
+        flusher = threading.Thread(target=lambda: ([box.post(q, i) for i in range(5)], box.flush()))
+        flusher.start()
+        flusher.join()
+        got = [await asyncio.wait_for(q.get(), 5) for _ in range(5)]
+        box.flush()  # nothing pending: no call into the loop
+        return got
+
+    assert asyncio.run(main()) == [0, 1, 2, 3, 4]
+    # A loop that has closed (the server stopped) is not an error for the scheduler thread.
+    loop = asyncio.new_event_loop()
+    box = LoopMailbox(loop)
+    loop.close()
+    box.post(asyncio.Queue(), 1)
+    box.flush()

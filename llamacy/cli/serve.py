@@ -64,7 +64,8 @@ def serve(
     app = create_app(scheduler, template, settings)
     sys.stderr.write(
         f"llamacy: serving {llm.model_path.name} at {url_of(sock)}/v1 "
-        f"({parallel} parallel x {llm.n_ctx} tokens, {scheduler.n_threads} threads"
+        f"({parallel} parallel x {llm.n_ctx} tokens, {llm.kv_type} KV cache, {scheduler.n_threads} "
+        f"thread{'s' if scheduler.n_threads != 1 else ''}"
         f"{', API key required' if api_key else ''})\n"
     )
     sys.stderr.flush()

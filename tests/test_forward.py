@@ -213,6 +213,37 @@ def test_eval_rejects_bad_input(tiny_model):
         )
 
 
+def test_eval_rejects_mismatched_arrays_and_caches(tiny_model):
+    path = tiny_model("llama", QT.Q8_0)
+    llm = Llama(path, n_threads=1, n_ctx=16)
+    kv = llm.model.kv
+    fwd = llm.model.forward
+
+    def call(pos=(0,), k=kv.k, v=kv.v):
+        fwd.eval(
+            np.array([1], np.int32),
+            np.array(pos, np.int32),
+            np.array([0], np.int32),
+            k,
+            v,
+            np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32),
+            1,
+        )
+
+    call()  # the well-formed call works
+    with pytest.raises(ValueError, match="same length"):
+        call(pos=(0, 1))
+    with pytest.raises(ValueError, match="must both be float32 or both float16"):
+        call(v=kv.v.astype(np.float32))  # the default cache is f16: mixed types
+    with pytest.raises(ValueError, match="must both be float32 or both float16"):
+        call(k=kv.k.astype(np.float64), v=kv.v.astype(np.float64))
+    with pytest.raises(ValueError, match="does not match the model"):
+        call(k=kv.k[:1], v=kv.v[:1])  # one layer instead of two
+    with pytest.raises(TypeError, match="numpy arrays"):
+        call(k=kv.k.tolist())
+
+
 @pytest.mark.slow
 def test_gemma3_matches_oracle_on_32_positions(gemma_model_path):
     llm = Llama(gemma_model_path, n_ctx=256)

@@ -262,6 +262,8 @@ cdef class Forward:
         """
         cdef Py_ssize_t n = tokens.shape[0]
         cdef Py_ssize_t i, start, stop, r
+        if pos.shape[0] != n or seq.shape[0] != n:
+            raise ValueError("tokens, pos and seq must have the same length")
         if not (isinstance(k_cache, np.ndarray) and isinstance(v_cache, np.ndarray)):
             raise TypeError("the KV caches must be numpy arrays")
         if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (np.float32, np.float16):

@@ -76,10 +76,10 @@ class Llama:
         from llamacy.model import Model, default_threads
         from llamacy.model.architectures import config_from_metadata
         from llamacy.model.kv_cache import kv_dtype
+        from llamacy.tokenizer import Tokenizer
 
         kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
         self.kv_type = kv_type
-        from llamacy.tokenizer import Tokenizer
 
         self.model_path = resolve_model(model_path)
         self.gguf = GGUFFile(self.model_path)

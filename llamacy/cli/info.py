@@ -17,9 +17,7 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
     from llamacy.ggml_types import type_name
     from llamacy.gguf import GGUFFile
     from llamacy.model.architectures import config_from_metadata
-    from llamacy.model.kv_cache import kv_dtype
 
-    kv_dtype(kv_type)
     path = resolve_model(model)
     f = GGUFFile(path)
     md = f.metadata

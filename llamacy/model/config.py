@@ -61,8 +61,12 @@ class ModelConfig:
         return self.n_head_kv * self.head_dim
 
     def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16") -> int:
-        """Memory of a KV cache of kv_type ("f16" or "f32") for n_ctx positions of n_seq sequences."""
-        return 2 * self.n_layer * n_seq * n_ctx * self.kv_width * (4 if kv_type == "f32" else 2)
+        """Memory of a KV cache of kv_type (kv_cache.KV_TYPES) for n_ctx positions of n_seq sequences."""
+        import numpy as np
+
+        from llamacy.model.kv_cache import kv_dtype
+
+        return 2 * self.n_layer * n_seq * n_ctx * self.kv_width * np.dtype(kv_dtype(kv_type)).itemsize
 
 
 class MetadataReader:

@@ -13,11 +13,14 @@ Rows are rounded to nearest-even as they are written; everything computed from t
 from __future__ import annotations
 
 import mmap
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llamacy.errors import UsageError
-from llamacy.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from llamacy.model.config import ModelConfig
 
 KV_TYPES: dict[str, type] = {"f16": np.float16, "f32": np.float32}
 DEFAULT_KV_TYPE = "f16"

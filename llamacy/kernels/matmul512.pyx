@@ -297,9 +297,9 @@ cdef inline void min_terms(const tshape* shape, const __m128* ms, __m256 ms01, _
 # out[t * ldo + r] for r < nvalid.
 #
 # Per (row, token, block): one dpbusd, one int->float conversion and one FMA whose scale d_w * d_x comes
-# as a broadcast from memory. Those products are made first, for SCH blocks at a time, 4 rows per SSE
-# multiply, into the small buffer sc: broadcasting each from a register instead costs one or two shuffles
-# per use, and Zen 4's shuffle pipes are shared with the multipliers and the conversions.
+# as a broadcast from memory. Those products are made first, for SCH blocks at a time (scale_products),
+# into the small buffer sc: broadcasting each from a register instead costs one or two shuffles per use,
+# and Zen 4's shuffle pipes are shared with the multipliers and the conversions.
 cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const block_q8a* y, Py_ssize_t nb,
                 float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
     cdef int T = ntoks(shape)
@@ -310,7 +310,6 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const blo
     cdef __m256i sd[4]
     cdef __m256i qy, isum
     cdef __m256i zero = _mm256_setzero_si256()
-    cdef __m128 dxv, mv
     cdef float sc[SCH * MAXT * 4]
     cdef const float* s
     cdef float mo[4]

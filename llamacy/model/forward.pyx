@@ -389,6 +389,12 @@ cdef class Forward:
         actx.group = group
         actx.scale = self.attn_scale
         actx.softcap = self.attn_softcap
+        actx.pos = pos
+        actx.seq = seq
+        actx.seq_stride = seq_stride
+        actx.head_stride = head_stride
+        actx.n_ctx = n_ctx
+        actx.n_items = n * NH
 
         if self.profiling:
             self.last_mark = _now()
@@ -424,15 +430,9 @@ cdef class Forward:
             _rows(&rj, n, nthreads)
             # Every (token, head) pair attends independently.
             self._lap(P_ELEM)
-            actx.pos = pos
-            actx.seq = seq
             actx.window = L.window
             actx.kl = kl
             actx.vl = vl
-            actx.seq_stride = seq_stride
-            actx.head_stride = head_stride
-            actx.n_ctx = n_ctx
-            actx.n_items = n * NH
             # Chunks of several items: one claim per item would bounce the counter's cache line.
             parallel_for(_attend_task, &actx, n * NH, max(1, n * NH // (8 * nthreads)), nthreads)
             self._lap(P_ATTN)

@@ -17,6 +17,18 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
+def cpuinfo_flags() -> set[str] | None:
+    """The CPU feature flags /proc/cpuinfo lists (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
 def find_smollm2() -> Path | None:
     """Path of the SmolLM2-135M-Instruct Q4_1 file, or None if the package is not installed."""
     return KNOWN_MODELS["smollm2-135m"].locate()

@@ -20,6 +20,15 @@ from llamacy.errors import LlamacyError, UsageError
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _batch_cmd(*args: str) -> list[str]:
+    """`llamacy batch ARGS` as a subprocess command line."""
+    return [sys.executable, "-m", "llamacy", "batch", *args]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> Path:
     from tests.model_factory import write_tiny_model
@@ -117,28 +126,11 @@ def test_kill_9_mid_batch_then_resume(model_path, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("".join(f"item {i} says hello\n" for i in range(40)))
     out = tmp_path / "r.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "llamacy",
-        "batch",
-        str(prompts),
-        "-o",
-        str(out),
-        "-m",
-        str(model_path),
-        "-n",
-        "40",
-        "--temp",
-        "0",
-        "-t",
-        "1",
-        "--parallel",
-        "2",
-        "-c",
-        "64",
-    ]
+    env = _env()
+    cmd = _batch_cmd(
+        str(prompts), "-o", str(out), "-m", str(model_path), "-n", "40", "--temp", "0", "-t", "1",
+        "--parallel", "2", "-c", "64",
+    )  # fmt: skip
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
@@ -158,23 +150,11 @@ def test_cli_in_a_pipe_is_silent(model_path, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a\nb\n")
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamacy",
-            "batch",
-            str(prompts),
-            "-o",
-            str(tmp_path / "r.jsonl"),
-            "-m",
-            str(model_path),
-            "-n",
-            "2",
-            "-t",
-            "1",
-        ],
+        _batch_cmd(
+            str(prompts), "-o", str(tmp_path / "r.jsonl"), "-m", str(model_path), "-n", "2", "-t", "1"
+        ),
         capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=_env(),
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -188,24 +168,9 @@ def test_chat_mode_on_the_default_model(default_model_path, tmp_path):
     prompts.write_text("Name the capital of France.\nName the capital of Germany.\n")
     out = tmp_path / "r.jsonl"
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "llamacy",
-            "batch",
-            str(prompts),
-            "-o",
-            str(out),
-            "--chat",
-            "--temp",
-            "0",
-            "-n",
-            "24",
-            "-t",
-            "1",
-        ],
+        _batch_cmd(str(prompts), "-o", str(out), "--chat", "--temp", "0", "-n", "24", "-t", "1"),
         capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=_env(),
         timeout=300,
     )
     assert r.returncode == 0, r.stderr

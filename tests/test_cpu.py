@@ -12,17 +12,7 @@ import pytest
 import llamacy.kernels as kernels
 from llamacy.errors import CPUError
 from llamacy.kernels import cpu
-
-
-def _cpuinfo_flags() -> set[str] | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
+from tests.conftest import cpuinfo_flags
 
 
 def test_feature_probe_matches_proc_cpuinfo():
@@ -30,7 +20,7 @@ def test_feature_probe_matches_proc_cpuinfo():
     assert set(feats) == {"avx2", "fma", "f16c"}
     assert all(isinstance(v, bool) for v in feats.values())
     assert cpu.has_avx2_fma() == all(feats.values())
-    flags = _cpuinfo_flags()
+    flags = cpuinfo_flags()
     if flags is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("no /proc/cpuinfo flags to compare with")
     assert feats == {"avx2": "avx2" in flags, "fma": "fma" in flags, "f16c": "f16c" in flags}

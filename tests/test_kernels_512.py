@@ -30,6 +30,7 @@ import pytest
 
 from llamacy.kernels import cpu, quant
 from llamacy.kernels import matmul as mm
+from tests.conftest import cpuinfo_flags
 from tests.test_kernels import (
     FLOATS,
     KQUANTS,
@@ -188,22 +189,11 @@ def test_auto_is_vnni_here():
 # Features and dispatch
 
 
-def _cpuinfo_flags() -> set[str] | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
 def test_avx512_features_match_proc_cpuinfo():
     feats = cpu.avx512_features()
     assert set(feats) == {"avx512f", "avx512bw", "avx512vl", "avx512vnni"}
     assert cpu.has_avx512_vnni() == all(feats.values())
-    flags = _cpuinfo_flags()
+    flags = cpuinfo_flags()
     if flags is None:
         pytest.skip("no /proc/cpuinfo flags")
     names = {

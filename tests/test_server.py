@@ -22,7 +22,7 @@ openai = pytest.importorskip("openai")
 from llamacy.chat_template import ChatTemplate  # noqa: E402
 from llamacy.scheduler import Scheduler  # noqa: E402
 from llamacy.server import ServerSettings, ServerThread, create_app  # noqa: E402
-from llamacy.server.jobs import JobStore  # noqa: E402
+from llamacy.server.job_store import JobStore  # noqa: E402
 
 API_KEY = "test-key"
 
@@ -499,7 +499,7 @@ def test_default_model_end_to_end(default_model_path):
         messages = [{"role": "user", "content": "What is the capital of France?"}]
 
         def ask(_: int) -> str:
-            r = cli.chat.completions.create(model="x", messages=messages, max_tokens=12, temperature=0)
+            r = cli.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
             return r.choices[0].message.content
 
         with ThreadPoolExecutor(2) as pool:
@@ -508,5 +508,7 @@ def test_default_model_end_to_end(default_model_path):
         assert (
             a == b == alone == solo_text(llm, chat_ids(llm, messages), 12, temperature=0, stop=["<|im_end|>"])
         )
-        r = cli.completions.create(model="x", prompt="The capital of France is", max_tokens=4, temperature=0)
+        r = cli.completions.create(
+            model="tiny", prompt="The capital of France is", max_tokens=4, temperature=0
+        )
         assert "Paris" in r.choices[0].text

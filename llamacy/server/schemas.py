@@ -124,6 +124,7 @@ class ChatRequest(SamplingFields):
 
 
 class JobRequest(SamplingFields):
+    model: str | None = None
     id: Annotated[str, Field(pattern=JOB_ID_PATTERN)] | None = None
     prompt: str
 

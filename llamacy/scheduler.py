@@ -123,6 +123,7 @@ class Done:
     usage: Usage
     timings: Timings
     seed: int  # the seed the sampler used (drawn at random when the request gave none)
+    stop_string: str | None = None  # the stop string that ended the text (None: a stop id, the length)
 
 
 @dataclass
@@ -625,7 +626,7 @@ class Scheduler:
         usage = Usage(len(s.prompt), len(s.tokens), s.cached)
         self._release(s)
         self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
-        h._emit(Done(reason, "".join(s.text), s.tokens, usage, timings, h.seed))
+        h._emit(Done(reason, "".join(s.text), s.tokens, usage, timings, h.seed, s.stops.matched))
 
     def _fail(self, s: _Seq, message: str, shutdown: bool = False) -> None:
         self._release(s)

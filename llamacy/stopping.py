@@ -8,6 +8,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic reports it)
 
     def feed(self, text: str) -> str:
         """Add generated text; return what is safe to show now. After a stop string, nothing more."""
@@ -21,7 +22,8 @@ class StopMatcher:
         if hits:
             self.stopped = True
             self._pending = ""
-            return buf[: min(i for i, _ in hits)]
+            at, self.matched = min(hits, key=lambda h: (h[0], len(h[1])))  # the first to complete
+            return buf[:at]
         # Keep the longest tail of buf that is a prefix of some stop string.
         keep = 0
         for s in self.stops:

@@ -59,6 +59,11 @@ class Model:
         self.kv = KVCache(self.cfg, n_ctx, n_seq, kv_type)
         self._gguf = gguf  # the weights point into its mapping
 
+    @property
+    def gguf(self) -> Any:
+        """The GGUF file the weights are read from (metadata, tensors, path, size)."""
+        return self._gguf
+
     def eval(
         self, tokens: list[int], seq: int = 0, logits: str = "last", positions: list[int] | None = None
     ) -> np.ndarray:

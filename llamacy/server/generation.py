@@ -58,7 +58,9 @@ async def encode_text(served: ServedModel, text: str) -> list[int]:
     return await run_in_threadpool(encode)  # a 1 MB prompt takes a while: not on the event loop
 
 
-async def encode_chat(served: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+async def encode_chat(served: ServedModel, messages: list[dict[str, Any]], prefill: str = "") -> list[int]:
+    """Token ids of the messages through the chat template, ending where the assistant's reply begins;
+    `prefill`: the start of that reply, which generation continues (Anthropic's final assistant turn)."""
     tpl = served.template
     if tpl is None:
         raise APIError(
@@ -68,7 +70,7 @@ async def encode_chat(served: ServedModel, messages: list[dict[str, Any]]) -> li
         )
 
     def render() -> list[int]:
-        return tpl.encode(tpl.render(messages, add_generation_prompt=True))
+        return tpl.encode(tpl.render(messages, add_generation_prompt=True) + prefill)
 
     try:
         return await run_in_threadpool(render)

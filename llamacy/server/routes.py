@@ -6,10 +6,18 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from llamacy.server.anthropic_routes import ROUTES as ANTHROPIC_ROUTES
 from llamacy.server.jobs import ROUTES as JOB_ROUTES
 from llamacy.server.metrics import PUBLIC_PATHS as METRICS_PUBLIC_PATHS
 from llamacy.server.metrics import ROUTES as METRICS_ROUTES
+from llamacy.server.ollama_routes import ROUTES as OLLAMA_ROUTES
 from llamacy.server.openai_routes import ROUTES as OPENAI_ROUTES
 
-ROUTES: list[BaseRoute] = [*METRICS_ROUTES, *OPENAI_ROUTES, *JOB_ROUTES]
+ROUTES: list[BaseRoute] = [
+    *METRICS_ROUTES,
+    *OPENAI_ROUTES,
+    *OLLAMA_ROUTES,
+    *ANTHROPIC_ROUTES,
+    *JOB_ROUTES,
+]
 PUBLIC_PATHS: frozenset[str] = METRICS_PUBLIC_PATHS

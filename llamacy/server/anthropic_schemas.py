@@ -1,0 +1,148 @@
+"""Anthropic's Messages API request bodies (POST /v1/messages, /v1/messages/count_tokens).
+
+As Anthropic's API does, a field it does not know is refused ("Extra inputs are not permitted"). Fields
+it knows that do not change the answer here are accepted (metadata, service_tier, cache_control, ...);
+those that would and that this server cannot honour (tools, extended thinking, structured outputs,
+images and other non-text content) are refused with a sentence saying so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llamacy.server.errors import APIError
+from llamacy.server.schemas import MAX_STOP_STRINGS, SamplingFields, StopStr, describe
+
+Block = dict[str, Any]  # a content block, checked by check_text_block (only text ones are served)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None
+    citations: list[Any] | None = None
+
+
+def block_text(block: Block, where: str) -> str:
+    kind = block.get("type")
+    if kind != "text":
+        what = (
+            f"{kind!r} content blocks are" if isinstance(kind, str) else "content blocks without a type are"
+        )
+        raise APIError(400, f"{where}: {what} not supported by this server (only text)")
+    try:
+        return TextBlock.model_validate(block).text
+    except ValidationError as e:
+        raise APIError(400, f"{where}: {describe(e)}") from None
+
+
+def text_of(content: str | list[Block], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    # Blocks of one message are joined as the OpenAI route joins a message's text parts.
+    return "".join(block_text(b, f"{where}.{j}") for j, b in enumerate(content))
+
+
+class MessageParam(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+@dataclass
+class Conversation:
+    """The request's turns as chat-template messages, and the start of the reply it asks to continue."""
+
+    messages: list[dict[str, str]]
+    prefill: str
+
+
+class _Common(_Strict):
+    """The fields /v1/messages and /v1/messages/count_tokens share."""
+
+    model: str
+    messages: list[MessageParam]
+    system: str | list[Block] | None = None
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None  # a caching hint; llamacy reuses prompt prefixes anyway
+    speed: str | None = None
+
+    def unsupported(self) -> None:
+        if self.tools:
+            raise APIError(400, "tools: tool use is not supported by this server")
+        if self.tool_choice is not None and self.tool_choice.get("type") != "none":
+            raise APIError(400, "tool_choice: tool use is not supported by this server")
+        if self.thinking is not None and self.thinking.get("type") not in ("disabled", "adaptive"):
+            raise APIError(400, "thinking: extended thinking is not supported by this server")
+        if self.output_config is not None and self.output_config.get("format") is not None:
+            raise APIError(400, "output_config.format: structured outputs are not supported by this server")
+        if not self.messages:
+            raise APIError(400, "messages: at least one message is required")
+
+    def conversation(self) -> Conversation:
+        """System prompt first; consecutive turns of one role merged into one (as Anthropic does); a final
+        assistant turn is the prefill that the reply continues."""
+        turns: list[dict[str, str]] = []
+        last = len(self.messages) - 1
+        for i, m in enumerate(self.messages):
+            text = text_of(m.content, f"messages.{i}.content")
+            if not text and not (i == last and m.role == "assistant"):
+                raise APIError(
+                    400,
+                    f"messages.{i}: all messages must have non-empty content except for the optional "
+                    "final assistant message",
+                )
+            if turns and turns[-1]["role"] == m.role:
+                turns[-1]["content"] += "\n\n" + text
+            else:
+                turns.append({"role": m.role, "content": text})
+        prefill = ""
+        if turns[-1]["role"] == "assistant":
+            prefill = turns.pop()["content"]
+            if prefill != prefill.rstrip():
+                raise APIError(400, "final assistant content cannot end with trailing whitespace")
+        system = text_of(self.system, "system") if self.system is not None else ""
+        if system:
+            turns.insert(0, {"role": "system", "content": system})
+        return Conversation(turns, prefill)
+
+
+class CountTokensRequest(_Common):
+    pass
+
+
+class MessagesRequest(_Common):
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: Annotated[list[StopStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stream: bool | None = None
+    temperature: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    inference_geo: str | None = None
+    diagnostics: dict[str, Any] | None = None
+    container: Any = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.container is not None:
+            raise APIError(400, "container: code execution containers are not supported by this server")
+
+    def sampling(self) -> SamplingFields:
+        return SamplingFields(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=self.stop_sequences,
+        )

@@ -1,0 +1,258 @@
+"""Ollama's API on the same server: /api/generate, /api/chat (NDJSON streams by default), /api/tags,
+/api/show, /api/ps, /api/version. Errors are Ollama's {"error": "..."}.
+
+Prompts go through the same helpers as the OpenAI routes (a chat through the model's chat template, a raw
+prompt as a completion), so a greedy answer here equals the OpenAI endpoint's for the same request.
+Durations are integer nanoseconds, timestamps RFC 3339 in UTC. Models stay loaded for the server's
+lifetime: keep_alive is accepted and has no effect, and an empty prompt answers done_reason "load".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+import llamacy.server.generation as gen
+from llamacy import __version__
+from llamacy.scheduler import Done, Failed, Handle, Piece, TokenLogprob
+from llamacy.server import model_card
+from llamacy.server.dialect import collect, errors_as, ns
+from llamacy.server.errors import APIError
+from llamacy.server.models import ServedModel
+from llamacy.server.ollama_schemas import ChatRequest, GenerateRequest, Options, ShowRequest, parse_options
+from llamacy.server.schemas import parse
+from llamacy.server.state import state_of
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+
+
+ollama = errors_as(_error)
+
+
+def _served(request: Request, name: str) -> ServedModel:
+    return state_of(request).models.get(model_card.untagged(name))
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+def _metrics(done: Done) -> dict[str, Any]:
+    t, u = done.timings, done.usage
+    return {
+        "total_duration": ns(t.total_ms),
+        "load_duration": 0,  # the model was loaded when the server started
+        "prompt_eval_count": u.prompt_tokens,
+        "prompt_eval_duration": ns(t.prompt_ms),
+        "eval_count": u.completion_tokens,
+        "eval_duration": ns(t.predict_ms),
+    }
+
+
+def _failure(ev: Failed) -> APIError:
+    return APIError(503 if ev.shutdown else 500, ev.message)
+
+
+def _token_limit(served: ServedModel, opts: Options, n_prompt: int) -> int | None:
+    """num_predict, and num_ctx as a context smaller than the server's (a larger one cannot be had: the
+    server's context size is fixed when it starts)."""
+    limit = opts.num_predict
+    if opts.num_ctx is not None and opts.num_ctx < served.scheduler.n_ctx:
+        room = opts.num_ctx - n_prompt
+        if room <= 0:
+            raise APIError(400, f"the prompt has {n_prompt} tokens, which do not fit num_ctx={opts.num_ctx}")
+        limit = room if limit is None else min(limit, room)
+    return limit
+
+
+def _with_context(served: ServedModel, context: list[int] | None, ids: list[int]) -> list[int]:
+    """A previous answer's `context` (its token ids) continued by this prompt's ids, without a second BOS."""
+    if not context:
+        return ids
+    bos = served.tokenizer.bos_id
+    return list(context) + (ids[1:] if ids and bos is not None and ids[0] == bos else ids)
+
+
+async def _start(
+    served: ServedModel, body: GenerateRequest | ChatRequest, opts: Options, ids: list[int], chat: bool
+) -> tuple[Handle, gen.EventBridge]:
+    max_tokens = _token_limit(served, opts, len(ids))
+    req = gen.build_request(served, opts.sampling, ids, max_tokens, body.logprob_count(), chat=chat)
+    return await gen.start(served, req)
+
+
+def _logprobs(served: ServedModel, lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    # Ollama's entries are OpenAI's chat entries: token, logprob, bytes, top_logprobs.
+    return {"logprobs": gen.chat_logprobs(served, lps)["content"]} if lps is not None else {}
+
+
+def _ndjson(lines: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(lines, media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
+
+
+async def _answer(
+    request: Request,
+    served: ServedModel,
+    handle: Handle,
+    events: gen.EventBridge,
+    stream: bool,
+    want_lp: bool,
+    part: Any,
+    final: Any,
+) -> Response:
+    """Stream NDJSON lines or answer one object. part(text) -> the fields of a piece of the answer;
+    final(done, text) -> the fields of the last object (text: the whole answer, or "" when streamed)."""
+
+    def head() -> dict[str, Any]:
+        return {"model": model_card.tagged(served.name), "created_at": model_card.rfc3339()}
+
+    if stream:
+
+        async def lines() -> AsyncIterator[str]:
+            async with gen.cancel_on_disconnect(request, handle):
+                async for ev in events:
+                    if isinstance(ev, Piece):
+                        if ev.text or (want_lp and ev.logprobs):
+                            lps = _logprobs(served, ev.logprobs) if want_lp else {}
+                            yield _line({**head(), **part(ev.text), "done": False, **lps})
+                    elif isinstance(ev, Done):
+                        yield _line({**head(), **final(ev, ""), **_metrics(ev)})
+                    else:
+                        yield _line({"error": ev.message})  # the client raises ResponseError
+
+        return _ndjson(lines())
+
+    end, lps_all = await collect(request, handle, events)
+    if isinstance(end, Failed):
+        raise _failure(end)
+    lps = _logprobs(served, lps_all) if want_lp else {}
+    return JSONResponse({**head(), **final(end, end.text), **_metrics(end), **lps})
+
+
+def _done_reason(done: Done) -> str:
+    return "length" if done.finish_reason == "length" else "stop"
+
+
+# ---- /api/generate -----------------------------------------------------------------------------------
+
+
+@ollama
+async def generate(request: Request) -> Response:
+    body: GenerateRequest = parse(GenerateRequest, await request.body())
+    served = _served(request, body.model)
+    if not body.prompt and not body.context:
+        # Ollama's "load the model" request: nothing to generate; here the model is always loaded.
+        return JSONResponse(
+            {
+                "model": model_card.tagged(served.name),
+                "created_at": model_card.rfc3339(),
+                "response": "",
+                "done": True,
+                "done_reason": "load",
+            }
+        )
+    opts = parse_options(body.options)
+    if body.raw:
+        ids = await gen.encode_text(served, body.prompt)
+    else:
+        messages = [{"role": "system", "content": body.system}] if body.system else []
+        ids = await gen.encode_chat(served, [*messages, {"role": "user", "content": body.prompt}])
+    ids = _with_context(served, body.context, ids)
+    handle, events = await _start(served, body, opts, ids, chat=not body.raw)
+
+    def final(done: Done, text: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"response": text, "done": True, "done_reason": _done_reason(done)}
+        if not body.raw:  # as Ollama: raw mode returns no context
+            out["context"] = ids + done.tokens
+        return out
+
+    return await _answer(
+        request,
+        served,
+        handle,
+        events,
+        body.streaming(),
+        body.logprobs is True,
+        lambda text: {"response": text},
+        final,
+    )
+
+
+# ---- /api/chat ---------------------------------------------------------------------------------------
+
+
+@ollama
+async def chat(request: Request) -> Response:
+    body: ChatRequest = parse(ChatRequest, await request.body())
+    served = _served(request, body.model)
+    if not body.messages:
+        return JSONResponse(
+            {
+                "model": model_card.tagged(served.name),
+                "created_at": model_card.rfc3339(),
+                "message": {"role": "assistant", "content": ""},
+                "done_reason": "load",
+                "done": True,
+            }
+        )
+    opts = parse_options(body.options)
+    ids = await gen.encode_chat(served, [{"role": m.role, "content": m.content} for m in body.messages])
+    handle, events = await _start(served, body, opts, ids, chat=True)
+
+    def message(text: str) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": text}}
+
+    def final(done: Done, text: str) -> dict[str, Any]:
+        return {**message(text), "done": True, "done_reason": _done_reason(done)}
+
+    return await _answer(
+        request, served, handle, events, body.streaming(), body.logprobs is True, message, final
+    )
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+
+@ollama
+async def tags(request: Request) -> Response:
+    served = state_of(request).models.loaded()
+    # The first call hashes each model file for its digest: off the event loop.
+    return JSONResponse(
+        {"models": await run_in_threadpool(lambda: [model_card.tag_entry(m) for m in served])}
+    )
+
+
+@ollama
+async def ps(request: Request) -> Response:
+    served = state_of(request).models.loaded()
+    return JSONResponse({"models": await run_in_threadpool(lambda: [model_card.ps_entry(m) for m in served])})
+
+
+@ollama
+async def show(request: Request) -> Response:
+    body: ShowRequest = parse(ShowRequest, await request.body())
+    served = _served(request, body.model_name())
+    return JSONResponse(await run_in_threadpool(model_card.show, served, body.verbose))
+
+
+@ollama
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+ROUTES = [
+    Route("/api/generate", generate, methods=["POST"]),
+    Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/tags", tags, methods=["GET"]),
+    Route("/api/ps", ps, methods=["GET"]),
+    Route("/api/show", show, methods=["POST"]),
+    Route("/api/version", version, methods=["GET"]),
+]

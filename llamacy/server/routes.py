@@ -10,6 +10,7 @@ from llamacy.server.jobs import ROUTES as JOB_ROUTES
 from llamacy.server.metrics import PUBLIC_PATHS as METRICS_PUBLIC_PATHS
 from llamacy.server.metrics import ROUTES as METRICS_ROUTES
 from llamacy.server.openai_routes import ROUTES as OPENAI_ROUTES
+from llamacy.server.tokenize_routes import ROUTES as TOKENIZE_ROUTES
 
-ROUTES: list[BaseRoute] = [*METRICS_ROUTES, *OPENAI_ROUTES, *JOB_ROUTES]
+ROUTES: list[BaseRoute] = [*METRICS_ROUTES, *OPENAI_ROUTES, *TOKENIZE_ROUTES, *JOB_ROUTES]
 PUBLIC_PATHS: frozenset[str] = METRICS_PUBLIC_PATHS

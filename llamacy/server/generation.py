@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -37,6 +38,8 @@ def sampling_params(f: SamplingFields) -> SamplingParams:
     if f.seed is not None:
         # OpenAI seeds are signed 64-bit; ours are unsigned. Same bits, same stream.
         kwargs["seed"] = f.seed & MAX_SEED if -(2**63) <= f.seed < 0 else f.seed
+    if f.logit_bias:
+        kwargs["logit_bias"] = _token_bias(f.logit_bias)
     params = SamplingParams(**kwargs)
     try:
         params.validate()
@@ -45,17 +48,31 @@ def sampling_params(f: SamplingFields) -> SamplingParams:
     return params
 
 
+def _token_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's logit_bias has token ids as JSON object keys, so as strings of digits."""
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not key.isascii() or not key.isdigit():
+            raise APIError(
+                400, f"logit_bias keys must be token ids, got {key!r}", "invalid_value", "logit_bias"
+            )
+        out[int(key)] = value
+    return out
+
+
+def text_ids(tok: Any, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    """Token ids of a text. parse_special: special tokens spelled out are those tokens; add_special: BOS
+    as the model wants, once (not twice when the text spells it out)."""
+    ids = tok.encode(text, add_bos=False, special=parse_special)
+    if add_special and tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    return ids
+
+
 async def encode_text(served: ServedModel, text: str) -> list[int]:
     """Token ids of a completion prompt (special tokens parsed; BOS as the model wants, once)."""
-    tok = served.tokenizer
-
-    def encode() -> list[int]:
-        ids = tok.encode(text, add_bos=False, special=True)
-        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
-            ids.insert(0, tok.bos_id)
-        return ids
-
-    return await run_in_threadpool(encode)  # a 1 MB prompt takes a while: not on the event loop
+    # A 1 MB prompt takes a while: not on the event loop.
+    return await run_in_threadpool(text_ids, served.tokenizer, text)
 
 
 async def encode_chat(served: ServedModel, messages: list[dict[str, Any]], prefill: str = "") -> list[int]:
@@ -110,21 +127,51 @@ def submit(served: ServedModel, request: GenerationRequest, listener: Any = None
         raise from_engine_error(e) from None
 
 
-async def start(served: ServedModel, request: GenerationRequest) -> tuple[Handle, EventBridge]:
-    bridge = EventBridge(served.mailbox())
-    return submit(served, request, bridge.listener), bridge
+def choices(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """n requests for n choices of one prompt. Each is its own sequence; with a seed, choice i samples
+    with seed + i, so that choice 0 is what n=1 gives and the others differ from it."""
+    seed = request.params.seed
+    if seed is None:
+        return [request] + [replace(request) for _ in range(n - 1)]  # each sampler draws its own seed
+    return [replace(request, params=replace(request.params, seed=(seed + i) & MAX_SEED)) for i in range(n)]
+
+
+@dataclass
+class Generation:
+    """The requests of one API call and their merged events."""
+
+    handles: list[Handle]
+    events: EventBridge
+
+    def cancel(self) -> None:
+        for h in self.handles:
+            h.cancel()  # no-op for those that finished
+
+
+async def start(served: ServedModel, requests: list[GenerationRequest]) -> Generation:
+    """Submit every request, or none: when one is refused (a full queue), those already queued are
+    cancelled and the refusal is raised."""
+    bridge = EventBridge(served.mailbox(), len(requests))
+    call = Generation([], bridge)
+    try:
+        for i, req in enumerate(requests):
+            call.handles.append(submit(served, req, bridge.listener(i)))
+    except BaseException:
+        call.cancel()
+        raise
+    return call
 
 
 @contextlib.asynccontextmanager
-async def cancel_on_disconnect(http: Request, handle: Handle) -> AsyncIterator[None]:
-    """While the body runs, a client that disconnects cancels its request (the scheduler frees the slot at
-    its next step); leaving the block early, or by an exception, cancels it too."""
+async def cancel_on_disconnect(http: Request, call: Generation) -> AsyncIterator[None]:
+    """While the body runs, a client that disconnects cancels its requests (the scheduler frees the slots
+    at its next step); leaving the block early, or by an exception, cancels them too."""
 
     async def watch() -> None:
         while True:
             message = await http.receive()
             if message["type"] == "http.disconnect":
-                handle.cancel()
+                call.cancel()
                 return
 
     task = asyncio.create_task(watch())
@@ -132,7 +179,7 @@ async def cancel_on_disconnect(http: Request, handle: Handle) -> AsyncIterator[N
         yield
     finally:
         task.cancel()
-        handle.cancel()  # no-op when it finished
+        call.cancel()
 
 
 # ---- logprobs in OpenAI's two shapes ----------------------------------------------------------------
@@ -170,13 +217,16 @@ def chat_logprobs(served: ServedModel, lps: list[TokenLogprob]) -> dict[str, Any
     }
 
 
-def usage_dict(done: Done) -> dict[str, Any]:
-    u = done.usage
+def usage_dict(*dones: Done) -> dict[str, Any]:
+    """OpenAI's usage of a call: the prompt once, the completion tokens of every choice; cached tokens
+    are those that every choice reused."""
+    prompt = dones[0].usage.prompt_tokens
+    completion = sum(d.usage.completion_tokens for d in dones)
     return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": min(d.usage.cached_tokens for d in dones)},
     }
 
 

@@ -1,9 +1,12 @@
 """The jobs of the job API (see jobs.py for its endpoints): each job's state and its answer's shape.
 
-    POST /jobs                {"id": optional, "prompt": ..., sampling fields}  -> 202 {"id", "status"}
+    POST /jobs                {"id": uuid (optional), "prompt": ..., "model"?, sampling fields}
+                              -> 202 {"id", "status"}
     GET  /jobs/status/{id}    -> {"id", "status": pending|running|done|error, "created_at", "started_at",
-                                  "finished_at"}
-    GET  /jobs/{id}           -> the status fields plus "result", "finish_reason", "error" and "stats"
+                                  "finished_at"}   (RFC 3339 UTC; null until it happens)
+    GET  /jobs/{id}           -> {"id", "status", "prompt", "response", "stats": {"load_time_ms",
+                                  "prompt_time_ms", "predict_time_ms", "total_time_ms"}} (integer ms), plus
+                                  the status times, "model", "finish_reason", "error" and more stats
 
 Jobs run in the same scheduler as the OpenAI endpoints. A finished job is kept for `ttl_s` seconds, and
 at most `max_finished` of them (the oldest go first), so a server that runs for months stays small.
@@ -31,13 +34,21 @@ def _rfc3339(t: float | None) -> str | None:
 
 
 class Job:
-    def __init__(self, job_id: str) -> None:
+    """One job: its prompt, its request's handle, and the text so far (the answer while it runs)."""
+
+    def __init__(self, job_id: str, prompt: str = "", model: str = "", load_ms: float = 0.0) -> None:
         self.id = job_id
+        self.prompt = prompt
+        self.model = model
+        self.load_ms = load_ms  # time spent loading the model for this job (0: it was loaded)
         self.handle: Handle | None = None
         self.final: Done | Failed | None = None
+        self._pieces: list[str] = []
 
-    def on_event(self, ev: Event) -> None:  # on the scheduler thread; Done carries the whole text
-        if not isinstance(ev, Piece):
+    def on_event(self, ev: Event) -> None:  # on the scheduler thread
+        if isinstance(ev, Piece):
+            self._pieces.append(ev.text)
+        else:
             self.final = ev
 
     @property
@@ -63,28 +74,44 @@ class Job:
         }
 
     def result_dict(self) -> dict[str, Any]:
-        out = self.status_dict()
+        """The seed document's shape, field for field and type for type (its Go client decodes `response`
+        as a string and the four times as integers): {"id", "status", "prompt", "response", "stats":
+        {"load_time_ms", "prompt_time_ms", "predict_time_ms", "total_time_ms"}}. Every value keeps its type
+        in every state: before the end, `response` is the text so far and the unknown times are 0. The
+        other fields are additions that a client may ignore."""
         final = self.final
-        out.update(result=None, finish_reason=None, error=None, stats=None)
+        response = final.text if isinstance(final, Done) else "".join(self._pieces)
+        stats: dict[str, Any] = {
+            "load_time_ms": round(self.load_ms),
+            "prompt_time_ms": 0,
+            "predict_time_ms": 0,
+            "total_time_ms": 0,
+        }
+        extra: dict[str, Any] = {"model": self.model, "finish_reason": None, "error": None}
         if isinstance(final, Failed):
-            out["error"] = final.message
+            extra["error"] = final.message
         elif isinstance(final, Done):
             if final.finish_reason == "cancelled":
-                out["error"] = "cancelled"
+                extra["error"] = "cancelled"
             else:
-                out["result"] = final.text
-                out["finish_reason"] = finish_reason(final)
+                extra["finish_reason"] = finish_reason(final)
             t = final.timings
-            out["stats"] = {
-                "prompt_time_ms": round(t.prompt_ms, 3),
-                "predict_time_ms": round(t.predict_ms, 3),
-                "total_time_ms": round(t.total_ms, 3),
-                "queue_time_ms": round(t.queue_ms, 3),
-                "prompt_tokens": final.usage.prompt_tokens,
-                "completion_tokens": final.usage.completion_tokens,
-                "tokens_per_second": round(t.tokens_per_second, 3),
-            }
-        return out
+            stats.update(
+                prompt_time_ms=round(t.prompt_ms),
+                predict_time_ms=round(t.predict_ms),
+                total_time_ms=round(self.load_ms + t.total_ms),
+                queue_time_ms=round(t.queue_ms),
+                prompt_tokens=final.usage.prompt_tokens,
+                completion_tokens=final.usage.completion_tokens,
+                tokens_per_second=round(t.tokens_per_second, 3),
+            )
+        return {
+            **self.status_dict(),
+            "prompt": self.prompt,
+            "response": response,
+            "stats": stats,
+            **extra,
+        }
 
 
 class JobStore:
@@ -96,13 +123,13 @@ class JobStore:
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
 
-    def add(self, job_id: str) -> Job:
+    def add(self, job_id: str, prompt: str = "", model: str = "", load_ms: float = 0.0) -> Job:
         """Reserve an id (APIError 409 if taken); the caller attaches the handle or calls discard."""
         with self._lock:
             self._prune_locked()
             if job_id in self._jobs:
                 raise APIError(409, f"a job with id {job_id!r} already exists", "duplicate_id", "id")
-            job = self._jobs[job_id] = Job(job_id)
+            job = self._jobs[job_id] = Job(job_id, prompt, model, load_ms)
             return job
 
     def discard(self, job_id: str) -> None:

@@ -22,7 +22,7 @@ async def create_job(request: Request) -> JSONResponse:
     ids = await gen.encode_text(served, body.prompt)
     req = gen.build_request(served, body, ids, body.max_tokens)
     req.id = job_id
-    job = state.jobs.add(job_id)
+    job = state.jobs.add(job_id, body.prompt, served.name)
     try:
         job.handle = gen.submit(served, req, job.on_event)
     except BaseException:

@@ -1,4 +1,4 @@
-"""Scheduler events on their way into an asyncio event loop: the per-loop mailbox and the per-request
+"""Scheduler events on their way into an asyncio event loop: the per-loop mailbox and the per-call
 bridge. A leaf module: the scheduler's thread posts here, the routes read here."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from llamacy.scheduler import Done, Event, Failed
 
@@ -23,12 +24,12 @@ class LoopMailbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: list[tuple[asyncio.Queue[Event], Event]] = []
+        self._items: list[tuple[asyncio.Queue[Any], Any]] = []
         self._lock = threading.Lock()
 
-    def post(self, queue: asyncio.Queue[Event], ev: Event) -> None:
+    def post(self, queue: asyncio.Queue[Any], item: Any) -> None:
         with self._lock:
-            self._items.append((queue, ev))
+            self._items.append((queue, item))
 
     def flush(self) -> None:
         with self._lock:
@@ -39,24 +40,27 @@ class LoopMailbox:
             self.loop.call_soon_threadsafe(self._deliver, items)
 
     @staticmethod
-    def _deliver(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
-        for queue, ev in items:
-            queue.put_nowait(ev)
+    def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+        for queue, item in items:
+            queue.put_nowait(item)
 
 
 class EventBridge:
-    """Scheduler events (delivered on the scheduler thread) as an async iterator on the event loop."""
+    """The events of one API call's requests (n choices: n requests), delivered on the scheduler thread,
+    as (index, event) pairs on the event loop, in arrival order, until every request has ended."""
 
-    def __init__(self, box: LoopMailbox) -> None:
+    def __init__(self, box: LoopMailbox, n: int = 1) -> None:
         self._box = box
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._n = n
+        self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-    def listener(self, ev: Event) -> None:
-        self._box.post(self._queue, ev)
+    def listener(self, index: int = 0) -> Callable[[Event], None]:
+        return lambda ev: self._box.post(self._queue, (index, ev))
 
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while True:
-            ev = await self._queue.get()
-            yield ev
+    async def __aiter__(self) -> AsyncIterator[tuple[int, Event]]:
+        left = self._n
+        while left:
+            index, ev = await self._queue.get()
+            yield index, ev
             if isinstance(ev, Done | Failed):
-                return
+                left -= 1

@@ -92,7 +92,7 @@ async def messages(request: Request) -> Response:
     served = state_of(request).models.get(body.model)
     ids = await _prompt(served, body)
     req = gen.build_request(served, body.sampling(), ids, body.max_tokens, chat=True)
-    handle, events = await gen.start(served, req)
+    call = await gen.start(served, [req])
     message = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -105,13 +105,13 @@ async def messages(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
             usage = {"input_tokens": len(ids), "output_tokens": 0}
-            async with gen.cancel_on_disconnect(request, handle):
+            async with gen.cancel_on_disconnect(request, call):
                 yield _event("message_start", {"message": {**start, "usage": usage}})
                 yield _event(
                     "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
                 )
                 yield _event("ping", {})
-                async for ev in events:
+                async for _, ev in call.events:
                     if isinstance(ev, Piece):
                         if ev.text:
                             delta = {"type": "text_delta", "text": ev.text}
@@ -134,7 +134,7 @@ async def messages(request: Request) -> Response:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
-    end, _ = await collect(request, handle, events)
+    end, _ = await collect(request, call)
     if isinstance(end, Failed):
         raise _failure(end)
     reason, seq = _stop(end, body)

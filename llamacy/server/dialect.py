@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import llamacy.server.generation as gen
-from llamacy.scheduler import Done, Failed, Handle, Piece, TokenLogprob
+from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
 from llamacy.server.errors import APIError
 
 log = logging.getLogger("llamacy.server")
@@ -39,13 +39,11 @@ def errors_as(render: Callable[[APIError], Response]) -> Callable[[Endpoint], En
     return wrap
 
 
-async def collect(
-    request: Request, handle: Handle, events: gen.EventBridge
-) -> tuple[Done | Failed, list[TokenLogprob]]:
-    """The end of a request that is not streamed, and the logprobs of its tokens."""
+async def collect(request: Request, call: gen.Generation) -> tuple[Done | Failed, list[TokenLogprob]]:
+    """The end of a one-request call that is not streamed, and the logprobs of its tokens."""
     lps: list[TokenLogprob] = []
-    async with gen.cancel_on_disconnect(request, handle):
-        async for ev in events:
+    async with gen.cancel_on_disconnect(request, call):
+        async for _, ev in call.events:
             if isinstance(ev, Piece):
                 lps.extend(ev.logprobs or ())
             else:

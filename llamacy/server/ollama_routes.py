@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 import llamacy.server.generation as gen
 from llamacy import __version__
-from llamacy.scheduler import Done, Failed, Handle, Piece, TokenLogprob
+from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
 from llamacy.server import model_card
 from llamacy.server.dialect import collect, errors_as, ns
 from llamacy.server.errors import APIError
@@ -83,10 +83,10 @@ def _with_context(served: ServedModel, context: list[int] | None, ids: list[int]
 
 async def _start(
     served: ServedModel, body: GenerateRequest | ChatRequest, opts: Options, ids: list[int], chat: bool
-) -> tuple[Handle, gen.EventBridge]:
+) -> gen.Generation:
     max_tokens = _token_limit(served, opts, len(ids))
     req = gen.build_request(served, opts.sampling, ids, max_tokens, body.logprob_count(), chat=chat)
-    return await gen.start(served, req)
+    return await gen.start(served, [req])
 
 
 def _logprobs(served: ServedModel, lps: list[TokenLogprob] | None) -> dict[str, Any]:
@@ -101,8 +101,7 @@ def _ndjson(lines: AsyncIterator[str]) -> StreamingResponse:
 async def _answer(
     request: Request,
     served: ServedModel,
-    handle: Handle,
-    events: gen.EventBridge,
+    call: gen.Generation,
     stream: bool,
     want_lp: bool,
     part: Any,
@@ -117,8 +116,8 @@ async def _answer(
     if stream:
 
         async def lines() -> AsyncIterator[str]:
-            async with gen.cancel_on_disconnect(request, handle):
-                async for ev in events:
+            async with gen.cancel_on_disconnect(request, call):
+                async for _, ev in call.events:
                     if isinstance(ev, Piece):
                         if ev.text or (want_lp and ev.logprobs):
                             lps = _logprobs(served, ev.logprobs) if want_lp else {}
@@ -130,7 +129,7 @@ async def _answer(
 
         return _ndjson(lines())
 
-    end, lps_all = await collect(request, handle, events)
+    end, lps_all = await collect(request, call)
     if isinstance(end, Failed):
         raise _failure(end)
     lps = _logprobs(served, lps_all) if want_lp else {}
@@ -166,7 +165,7 @@ async def generate(request: Request) -> Response:
         messages = [{"role": "system", "content": body.system}] if body.system else []
         ids = await gen.encode_chat(served, [*messages, {"role": "user", "content": body.prompt}])
     ids = _with_context(served, body.context, ids)
-    handle, events = await _start(served, body, opts, ids, chat=not body.raw)
+    call = await _start(served, body, opts, ids, chat=not body.raw)
 
     def final(done: Done, text: str) -> dict[str, Any]:
         out: dict[str, Any] = {"response": text, "done": True, "done_reason": _done_reason(done)}
@@ -177,8 +176,7 @@ async def generate(request: Request) -> Response:
     return await _answer(
         request,
         served,
-        handle,
-        events,
+        call,
         body.streaming(),
         body.logprobs is True,
         lambda text: {"response": text},
@@ -205,7 +203,7 @@ async def chat(request: Request) -> Response:
         )
     opts = parse_options(body.options)
     ids = await gen.encode_chat(served, [{"role": m.role, "content": m.content} for m in body.messages])
-    handle, events = await _start(served, body, opts, ids, chat=True)
+    call = await _start(served, body, opts, ids, chat=True)
 
     def message(text: str) -> dict[str, Any]:
         return {"message": {"role": "assistant", "content": text}}
@@ -213,9 +211,7 @@ async def chat(request: Request) -> Response:
     def final(done: Done, text: str) -> dict[str, Any]:
         return {**message(text), "done": True, "done_reason": _done_reason(done)}
 
-    return await _answer(
-        request, served, handle, events, body.streaming(), body.logprobs is True, message, final
-    )
+    return await _answer(request, served, call, body.streaming(), body.logprobs is True, message, final)
 
 
 # ---- models ------------------------------------------------------------------------------------------

@@ -64,10 +64,12 @@ class Model:
         """The GGUF file the weights are read from (metadata, tensors, path, size)."""
         return self._gguf
 
-    def eval(
-        self, tokens: list[int], seq: int = 0, logits: str = "last", positions: list[int] | None = None
-    ) -> np.ndarray:
-        """Append tokens to sequence `seq`; return logits of the last token ([n_vocab]) or of all ([n, n_vocab])."""
+    def eval(self, tokens: list[int], seq: int = 0, logits: str = "last", hidden: bool = False) -> np.ndarray:
+        """Append tokens to sequence `seq`; return logits of the last token ([n_vocab]) or of all ([n, n_vocab]).
+
+        hidden: the final hidden states (after output_norm, before the output head) instead of logits,
+        [n_embd] or [n, n_embd]; the output head is skipped.
+        """
         n = len(tokens)
         start = self.kv.length(seq)
         if start + n > self.n_ctx:
@@ -78,16 +80,18 @@ class Model:
         pos = np.arange(start, start + n, dtype=np.int32)
         seqs = np.full(n, seq, dtype=np.int32)
         rows = np.arange(n, dtype=np.int32) if logits == "all" else np.array([n - 1] if n else [], np.int32)
-        out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
-        self.forward.eval(tok, pos, seqs, self.kv.k, self.kv.v, rows, out, self.n_threads)
+        out = self.eval_batch(tok, pos, seqs, rows, hidden)
         self.kv.tokens[seq].extend(int(t) for t in tokens)
         return out if logits == "all" else out[0]
 
     def eval_batch(
-        self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray
+        self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray, hidden: bool = False
     ) -> np.ndarray:
-        """Raw batched evaluation (many sequences at once); the caller keeps kv.tokens up to date."""
-        out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
+        """Raw batched evaluation (many sequences at once); the caller keeps kv.tokens up to date.
+
+        Returns logits [len(rows), n_vocab], or with hidden=True the final hidden states [len(rows), n_embd].
+        """
+        out = np.empty((len(rows), self.cfg.n_embd if hidden else self.cfg.n_vocab), dtype=np.float32)
         self.forward.eval(
             tokens.astype(np.int32, copy=False),
             pos.astype(np.int32, copy=False),
@@ -97,5 +101,6 @@ class Model:
             rows.astype(np.int32, copy=False),
             out,
             self.n_threads,
+            hidden,
         )
         return out

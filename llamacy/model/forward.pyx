@@ -253,12 +253,15 @@ cdef class Forward:
             self.last_mark = now
 
     def eval(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] seq,
-             object k_cache, object v_cache, const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads):
+             object k_cache, object v_cache, const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads,
+             bint hidden=False):
         """Evaluate tokens[i] at position pos[i] of sequence seq[i]; write K/V into the caches.
 
         k_cache, v_cache: [n_layer, n_seq, n_head_kv, n_ctx, head_dim] C-contiguous numpy arrays, both float32
         or both float16 (a half-precision cache: K/V rows rounded to half as they are written).
         logit_rows: indices into the batch whose logits are wanted, ascending; logits: [len, n_vocab].
+        hidden: write the final hidden states (after output_norm) instead, [len, n_embd]; the output head
+        is not run.
         """
         cdef Py_ssize_t n = tokens.shape[0]
         cdef Py_ssize_t i, start, stop, r
@@ -281,7 +284,8 @@ cdef class Forward:
         cdef uint8_t[::1] vbytes = v_cache.reshape(-1).view(np.uint8)
         if n_ctx > self.n_ctx_max:
             raise ValueError("KV cache longer than the scratch was sized for")
-        if logits.shape[0] != logit_rows.shape[0] or (logit_rows.shape[0] and logits.shape[1] != self.n_vocab):
+        cdef Py_ssize_t width = self.n_embd if hidden else self.n_vocab
+        if logits.shape[0] != logit_rows.shape[0] or (logit_rows.shape[0] and logits.shape[1] != width):
             raise ValueError("logits buffer does not match logit_rows")
         for i in range(n):
             if tokens[i] < 0 or tokens[i] >= self.n_vocab:
@@ -312,7 +316,7 @@ cdef class Forward:
             with nogil:
                 self._ubatch(&tokens[start], &pos[start], &seq[start], stop - start, kc, vc, kv_f16, n_seq, n_ctx,
                              &logit_rows[lr] if lr_end > lr else NULL, lr_end - lr, start,
-                             lg + lr * self.n_vocab if lr_end > lr else NULL, nthreads)
+                             lg + lr * width if lr_end > lr else NULL, hidden, nthreads)
             lr = lr_end
             start = stop
             # A long prompt is many micro-batches: let Ctrl-C through between them.
@@ -345,7 +349,7 @@ cdef class Forward:
     cdef void _ubatch(self, const int32_t* tokens, const int32_t* pos, const int32_t* seq, Py_ssize_t n,
                       char* kc, char* vc, bint kv_f16, Py_ssize_t n_seq, Py_ssize_t n_ctx,
                       const int32_t* logit_rows, Py_ssize_t n_logits, Py_ssize_t row0, float* logits,
-                      int nthreads) noexcept nogil:
+                      bint hidden, int nthreads) noexcept nogil:
         cdef Py_ssize_t E = self.n_embd, HD = self.head_dim, NH = self.n_head, NKV = self.n_head_kv
         cdef Py_ssize_t QW = NH * HD, F = self.n_ff, R = self.n_rot
         cdef Py_ssize_t group = NH // NKV
@@ -454,6 +458,11 @@ cdef class Forward:
             _residual_rows(&rj, s.x, s.o, L.post_ffn_norm, NULL, NULL, E, n, nthreads)
 
         if n_logits == 0:
+            self._lap(P_ELEM)
+            return
+        if hidden:
+            for j in range(n_logits):
+                rmsnorm(s.x + (logit_rows[j] - row0) * E, self.output_norm, logits + j * E, E, self.eps)
             self._lap(P_ELEM)
             return
         # Output head, only for the rows whose logits are wanted.

@@ -21,11 +21,19 @@ from starlette.routing import Route
 import llamacy.server.generation as gen
 from llamacy import __version__
 from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
-from llamacy.server import model_card
+from llamacy.server import embeddings, model_card
 from llamacy.server.dialect import collect, errors_as, ns
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
-from llamacy.server.ollama_schemas import ChatRequest, GenerateRequest, Options, ShowRequest, parse_options
+from llamacy.server.ollama_schemas import (
+    ChatRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    Options,
+    ShowRequest,
+    parse_options,
+)
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
 
@@ -214,6 +222,38 @@ async def chat(request: Request) -> Response:
     return await _answer(request, served, call, body.streaming(), body.logprobs is True, message, final)
 
 
+# ---- embeddings --------------------------------------------------------------------------------------
+
+
+@ollama
+async def embed(request: Request) -> Response:
+    body: EmbedRequest = parse(EmbedRequest, await request.body())
+    served = _served(request, body.model)
+    parse_options(body.options)  # checked as Ollama checks them; none changes an embedding
+    out: dict[str, Any] = {"model": model_card.tagged(served.name), "embeddings": []}
+    if body.inputs():
+        embeddings.check_dimensions(served, body.dimensions)
+        token_lists = [await gen.encode_text(served, x) for x in body.inputs()]
+        done = await embeddings.embed(
+            served, token_lists, truncate=body.truncate is not False, dimensions=body.dimensions
+        )
+        out["embeddings"] = done.vectors.tolist()
+        ms = done.seconds * 1000
+        out |= {"total_duration": ns(ms), "load_duration": 0, "prompt_eval_count": done.tokens}
+    return JSONResponse(out)
+
+
+@ollama
+async def embeddings_v1(request: Request) -> Response:
+    body: EmbeddingsRequest = parse(EmbeddingsRequest, await request.body())
+    served = _served(request, body.model)
+    parse_options(body.options)
+    if not body.prompt:
+        return JSONResponse({"embedding": []})
+    done = await embeddings.embed(served, [await gen.encode_text(served, body.prompt)], normalize=False)
+    return JSONResponse({"embedding": done.vectors[0].tolist()})
+
+
 # ---- models ------------------------------------------------------------------------------------------
 
 
@@ -247,6 +287,8 @@ async def version(request: Request) -> Response:
 ROUTES = [
     Route("/api/generate", generate, methods=["POST"]),
     Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/embed", embed, methods=["POST"]),
+    Route("/api/embeddings", embeddings_v1, methods=["POST"]),
     Route("/api/tags", tags, methods=["GET"]),
     Route("/api/ps", ps, methods=["GET"]),
     Route("/api/show", show, methods=["POST"]),

@@ -121,6 +121,42 @@ class ShowRequest(_Body):
         return self.model or self.name
 
 
+class EmbedRequest(_Body):
+    model: str = ""
+    input: str | list[str] | None = None  # none, or "": Ollama's "load the model", no embeddings
+    truncate: bool | None = None  # absent: cut inputs longer than the context at its end
+    options: dict[str, Any] | None = None
+    keep_alive: KeepAlive | None = None
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+
+    def unsupported(self) -> None:
+        if not self.model:
+            _refuse("model is required")
+        _check_keep_alive(self.keep_alive)
+        for i, x in enumerate(self.inputs()):
+            if not x:
+                _refuse(f"input {i} is empty")
+
+    def inputs(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input] if self.input else []
+        return list(self.input or [])
+
+
+class EmbeddingsRequest(_Body):
+    """The older /api/embeddings: one prompt, a vector as the model makes it (not normalized)."""
+
+    model: str = ""
+    prompt: str = ""
+    options: dict[str, Any] | None = None
+    keep_alive: KeepAlive | None = None
+
+    def unsupported(self) -> None:
+        if not self.model:
+            _refuse("model is required")
+        _check_keep_alive(self.keep_alive)
+
+
 # ---- options ----------------------------------------------------------------------------------------
 
 _INT = (

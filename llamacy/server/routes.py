@@ -11,12 +11,14 @@ from llamacy.server.jobs import ROUTES as JOB_ROUTES
 from llamacy.server.metrics import PUBLIC_PATHS as METRICS_PUBLIC_PATHS
 from llamacy.server.metrics import ROUTES as METRICS_ROUTES
 from llamacy.server.ollama_routes import ROUTES as OLLAMA_ROUTES
+from llamacy.server.openai_embeddings import ROUTES as EMBEDDING_ROUTES
 from llamacy.server.openai_routes import ROUTES as OPENAI_ROUTES
 from llamacy.server.tokenize_routes import ROUTES as TOKENIZE_ROUTES
 
 ROUTES: list[BaseRoute] = [
     *METRICS_ROUTES,
     *OPENAI_ROUTES,
+    *EMBEDDING_ROUTES,
     *TOKENIZE_ROUTES,
     *OLLAMA_ROUTES,
     *ANTHROPIC_ROUTES,

@@ -20,7 +20,7 @@ from starlette.routing import Route
 import llamacy.server.generation as gen
 from llamacy.scheduler import Done, Failed, Piece
 from llamacy.server.anthropic_schemas import CountTokensRequest, MessagesRequest
-from llamacy.server.dialect import collect, errors_as
+from llamacy.server.dialect import collect
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import parse
@@ -59,9 +59,6 @@ def _error(e: APIError) -> JSONResponse:
     return JSONResponse(_error_body(status, e.message), status_code=status, headers=e.headers)
 
 
-anthropic = errors_as(_error)
-
-
 def _failure(ev: Failed) -> APIError:
     return APIError(_OVERLOADED, ev.message) if ev.shutdown else APIError(500, ev.message)
 
@@ -86,7 +83,6 @@ def _event(kind: str, obj: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **obj}, ensure_ascii=False)}\n\n"
 
 
-@anthropic
 async def messages(request: Request) -> Response:
     body: MessagesRequest = parse(MessagesRequest, await request.body())
     served = state_of(request).models.get(body.model)
@@ -149,7 +145,6 @@ async def messages(request: Request) -> Response:
     )
 
 
-@anthropic
 async def count_tokens(request: Request) -> Response:
     body: CountTokensRequest = parse(CountTokensRequest, await request.body())
     served = state_of(request).models.get(body.model)
@@ -160,3 +155,4 @@ ROUTES = [
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
 ]
+ERROR_SHAPES = {"/v1/messages": _error}  # what the middleware refuses (API key, body size) too

@@ -20,7 +20,7 @@ from llamacy.server.errors import APIError, handle_api_error, handle_http_except
 from llamacy.server.job_store import JobStore
 from llamacy.server.middleware import CountRequests, LimitBody, RequireAPIKey
 from llamacy.server.models import ModelRegistry
-from llamacy.server.routes import PUBLIC_PATHS, ROUTES
+from llamacy.server.routes import ERROR_SHAPES, PUBLIC_PATHS, ROUTES
 from llamacy.server.state import ServerSettings, ServerState
 
 
@@ -49,4 +49,5 @@ def create_app(
         },
     )
     app.state.llamacy = state
+    app.state.error_shapes = ERROR_SHAPES  # errors.render_error: each dialect's paths, its own shape
     return app

@@ -1,12 +1,15 @@
-"""Errors as HTTP responses in OpenAI's shape: {"error": {"message", "type", "code"}}, never a traceback."""
+"""Errors as HTTP responses in OpenAI's shape: {"error": {"message", "type", "code"}}, never a traceback;
+on the paths of another dialect (Ollama's /api/, Anthropic's /v1/messages), in that dialect's shape."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from llamacy.errors import ContextOverflowError, LlamacyError, UsageError
 from llamacy.scheduler import QueueFull, SchedulerClosed
@@ -74,20 +77,34 @@ def from_engine_error(e: LlamacyError) -> APIError:
     return APIError(400, str(e), "invalid_request")  # e.g. a chat template that rejects the messages
 
 
-async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
+ErrorShape = Callable[[APIError], Response]
+
+
+def render_error(scope: Scope, e: APIError) -> Response:
+    """e in the shape of the API the request's path belongs to: a dialect's, by the path prefixes in the
+    app's state.error_shapes (routes.ERROR_SHAPES), else OpenAI's."""
+    app = scope.get("app")
+    shapes: Mapping[str, ErrorShape] = getattr(app.state, "error_shapes", {}) if app is not None else {}
+    for prefix, shape in shapes.items():
+        if scope["path"].startswith(prefix):
+            return shape(e)
+    return error_response(e.status, e.message, e.code, e.param, e.headers)
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+    return render_error(request.scope, exc)
 
 
-async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     message = (
         exc.detail if exc.status_code != 404 else f"no such endpoint: {request.method} {request.url.path}"
     )
-    return error_response(exc.status_code, str(message), headers=exc.headers)
+    return render_error(request.scope, APIError(exc.status_code, str(message), headers=exc.headers))
 
 
-async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
     # The traceback goes to the server log, never to the client.
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal server error", "internal_error")
+    return render_error(request.scope, APIError(500, "internal server error", "internal_error"))

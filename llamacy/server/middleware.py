@@ -7,11 +7,10 @@ import hmac
 import threading
 from collections.abc import Sequence
 
-from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llamacy.server.errors import APIError, error_response
+from llamacy.server.errors import APIError, render_error
 
 
 class HTTPMiddleware:
@@ -79,23 +78,30 @@ class CountRequests(HTTPMiddleware):
 
 
 class RequireAPIKey(HTTPMiddleware):
-    """`Authorization: Bearer <key>` on every path but the public ones (/health: load balancers probe it
-    without credentials)."""
+    """`Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on every path but the public ones
+    (/health: load balancers probe it without credentials)."""
 
     def __init__(self, app: ASGIApp, api_key: str, public_paths: frozenset[str]) -> None:
         super().__init__(app)
         self.expected = f"Bearer {api_key}".encode()
+        self.expected_x = api_key.encode()
         self.public_paths = public_paths
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["path"] not in self.public_paths:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):  # constant time: no key guessing by timing
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
+            given_x = headers.get(b"x-api-key", b"")
+            # Constant time: no key guessing by timing.
+            ok = hmac.compare_digest(given, self.expected) or hmac.compare_digest(given_x, self.expected_x)
+            if not ok:
                 message = (
-                    "missing API key (send Authorization: Bearer <key>)" if not given else "invalid API key"
+                    "missing API key (send Authorization: Bearer <key>)"
+                    if not (given or given_x)
+                    else "invalid API key"
                 )
-                resp = error_response(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await resp(scope, receive, send)
+                e = APIError(401, message, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await render_error(scope, e)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -110,7 +116,7 @@ class LimitBody(HTTPMiddleware):
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await self._too_large()(scope, receive, send)
+            await render_error(scope, APIError(413, self._message(), "body_too_large"))(scope, receive, send)
             return
         seen = 0
 
@@ -127,6 +133,3 @@ class LimitBody(HTTPMiddleware):
 
     def _message(self) -> str:
         return f"the request body is larger than {self.limit} bytes"
-
-    def _too_large(self) -> JSONResponse:
-        return error_response(413, self._message(), "body_too_large")

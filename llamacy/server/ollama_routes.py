@@ -22,7 +22,7 @@ import llamacy.server.generation as gen
 from llamacy import __version__
 from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
 from llamacy.server import embeddings, model_card
-from llamacy.server.dialect import collect, errors_as, ns
+from llamacy.server.dialect import collect, ns
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.ollama_schemas import (
@@ -40,9 +40,6 @@ from llamacy.server.state import state_of
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
-
-
-ollama = errors_as(_error)
 
 
 def _served(request: Request, name: str) -> ServedModel:
@@ -151,7 +148,6 @@ def _done_reason(done: Done) -> str:
 # ---- /api/generate -----------------------------------------------------------------------------------
 
 
-@ollama
 async def generate(request: Request) -> Response:
     body: GenerateRequest = parse(GenerateRequest, await request.body())
     served = _served(request, body.model)
@@ -195,7 +191,6 @@ async def generate(request: Request) -> Response:
 # ---- /api/chat ---------------------------------------------------------------------------------------
 
 
-@ollama
 async def chat(request: Request) -> Response:
     body: ChatRequest = parse(ChatRequest, await request.body())
     served = _served(request, body.model)
@@ -225,7 +220,6 @@ async def chat(request: Request) -> Response:
 # ---- embeddings --------------------------------------------------------------------------------------
 
 
-@ollama
 async def embed(request: Request) -> Response:
     body: EmbedRequest = parse(EmbedRequest, await request.body())
     served = _served(request, body.model)
@@ -243,7 +237,6 @@ async def embed(request: Request) -> Response:
     return JSONResponse(out)
 
 
-@ollama
 async def embeddings_v1(request: Request) -> Response:
     body: EmbeddingsRequest = parse(EmbeddingsRequest, await request.body())
     served = _served(request, body.model)
@@ -257,7 +250,6 @@ async def embeddings_v1(request: Request) -> Response:
 # ---- models ------------------------------------------------------------------------------------------
 
 
-@ollama
 async def tags(request: Request) -> Response:
     served = state_of(request).models.loaded()
     # The first call hashes each model file for its digest: off the event loop.
@@ -266,20 +258,17 @@ async def tags(request: Request) -> Response:
     )
 
 
-@ollama
 async def ps(request: Request) -> Response:
     served = state_of(request).models.loaded()
     return JSONResponse({"models": await run_in_threadpool(lambda: [model_card.ps_entry(m) for m in served])})
 
 
-@ollama
 async def show(request: Request) -> Response:
     body: ShowRequest = parse(ShowRequest, await request.body())
     served = _served(request, body.model_name())
     return JSONResponse(await run_in_threadpool(model_card.show, served, body.verbose))
 
 
-@ollama
 async def version(request: Request) -> Response:
     return JSONResponse({"version": __version__})
 
@@ -294,3 +283,4 @@ ROUTES = [
     Route("/api/show", show, methods=["POST"]),
     Route("/api/version", version, methods=["GET"]),
 ]
+ERROR_SHAPES = {"/api/": _error}  # what the middleware refuses (API key, body size) too

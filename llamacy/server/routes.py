@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
+from llamacy.server.anthropic_routes import ERROR_SHAPES as ANTHROPIC_ERROR_SHAPES
 from llamacy.server.anthropic_routes import ROUTES as ANTHROPIC_ROUTES
+from llamacy.server.errors import ErrorShape
 from llamacy.server.jobs import ROUTES as JOB_ROUTES
 from llamacy.server.metrics import PUBLIC_PATHS as METRICS_PUBLIC_PATHS
 from llamacy.server.metrics import ROUTES as METRICS_ROUTES
+from llamacy.server.ollama_routes import ERROR_SHAPES as OLLAMA_ERROR_SHAPES
 from llamacy.server.ollama_routes import ROUTES as OLLAMA_ROUTES
 from llamacy.server.openai_embeddings import ROUTES as EMBEDDING_ROUTES
 from llamacy.server.openai_routes import ROUTES as OPENAI_ROUTES
@@ -25,3 +28,5 @@ ROUTES: list[BaseRoute] = [
     *JOB_ROUTES,
 ]
 PUBLIC_PATHS: frozenset[str] = METRICS_PUBLIC_PATHS
+# Paths answering errors in another dialect's shape than OpenAI's (errors.render_error), by prefix.
+ERROR_SHAPES: dict[str, ErrorShape] = {**OLLAMA_ERROR_SHAPES, **ANTHROPIC_ERROR_SHAPES}

@@ -1,0 +1,323 @@
+"""Anthropic's Messages API on `llamacy serve`: the real server driven with the official anthropic client
+(and raw HTTP for the event stream's exact sequence and for what the client cannot send). Greedy answers
+are checked against the OpenAI chat endpoint of the same server; errors against Anthropic's shape."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+anthropic = pytest.importorskip("anthropic")
+openai = pytest.importorskip("openai")
+
+from llamacy.chat_template import ChatTemplate  # noqa: E402
+from tests.test_server import chat_ids, running_server  # noqa: E402
+
+MSGS = [{"role": "user", "content": "Hello there"}]
+GREEDY = {"temperature": 0}  # the client has no temperature argument any more; the API still takes it
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    from llamacy import Llama
+    from tests.model_factory import write_tiny_model
+
+    return Llama(write_tiny_model(tmp_path_factory.mktemp("anthropic") / "tiny.gguf"), n_ctx=128, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    with running_server(llm, parallel=3) as (srv, _sched):
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60, headers={"anthropic-version": "2023-06-01"}) as c:
+        yield c
+
+
+def openai_chat(oai, messages, max_tokens=10, **kw):
+    r = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, **kw
+    )
+    return r.choices[0], r.usage
+
+
+def sse(r: httpx.Response) -> list[tuple[str, dict]]:
+    """(event, data) pairs of an SSE stream; the event name must repeat the data's type."""
+    assert r.headers["content-type"].startswith("text/event-stream")
+    out = []
+    for block in r.text.split("\n\n"):
+        if not block.strip():
+            continue
+        event, data = block.split("\n")
+        assert event.startswith("event: ") and data.startswith("data: "), block
+        name, obj = event[len("event: ") :], json.loads(data[len("data: ") :])
+        assert obj["type"] == name
+        out.append((name, obj))
+    return out
+
+
+def assert_anthropic_error(r: httpx.Response, status: int, kind: str, fragment: str = "") -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    assert body["error"]["type"] == kind and fragment.lower() in body["error"]["message"].lower(), body
+    assert body["request_id"].startswith("req_")
+
+
+# ---- messages ----------------------------------------------------------------------------------------
+
+
+def test_message_equals_openai(client, oai, llm):
+    choice, usage = openai_chat(oai, MSGS)
+    m = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY)
+    assert m.id.startswith("msg_") and m.type == "message" and m.role == "assistant" and m.model == "tiny"
+    assert [(b.type, b.text) for b in m.content] == [("text", choice.message.content)]
+    assert m.usage.input_tokens == usage.prompt_tokens == len(chat_ids(llm, MSGS))
+    assert m.usage.output_tokens == usage.completion_tokens
+    want = {"length": "max_tokens", "stop": "end_turn"}[choice.finish_reason]
+    assert m.stop_reason == want and m.stop_sequence is None
+    # A system prompt is the template's system turn, as in the OpenAI request.
+    choice, _ = openai_chat(oai, [{"role": "system", "content": "Be brief."}, *MSGS])
+    m = client.messages.create(
+        model="tiny", max_tokens=10, system="Be brief.", messages=MSGS, extra_body=GREEDY
+    )
+    assert m.content[0].text == choice.message.content
+    blocks = [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]
+    m = client.messages.create(model="tiny", max_tokens=10, system=blocks, messages=MSGS, extra_body=GREEDY)
+    assert m.content[0].text == choice.message.content
+
+
+def test_stream_event_sequence(client, oai, http):
+    choice, usage = openai_chat(oai, MSGS)
+    body = {"model": "tiny", "max_tokens": 10, "messages": MSGS, "stream": True, **GREEDY}
+    events = sse(http.post("/v1/messages", json=body))
+    names = [e for e, _ in events]
+    n_deltas = names.count("content_block_delta")
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        *["content_block_delta"] * n_deltas,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None and start["stop_sequence"] is None
+    assert start["usage"] == {"input_tokens": usage.prompt_tokens, "output_tokens": 0}
+    assert events[1][1] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    deltas = [d for e, d in events if e == "content_block_delta"]
+    assert all(d["index"] == 0 and d["delta"]["type"] == "text_delta" for d in deltas)
+    assert "".join(d["delta"]["text"] for d in deltas) == choice.message.content
+    end = events[-2][1]
+    assert end["delta"]["stop_reason"] in ("max_tokens", "end_turn") and end["delta"]["stop_sequence"] is None
+    assert end["usage"] == {"output_tokens": usage.completion_tokens}
+    # The client's own stream helper builds the same message as the request that is not streamed.
+    with client.messages.stream(model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    whole = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY)
+    assert text == final.content[0].text == whole.content[0].text == choice.message.content
+    assert (final.stop_reason, final.usage.output_tokens) == (whole.stop_reason, whole.usage.output_tokens)
+    chunks = list(
+        client.messages.create(model="tiny", max_tokens=10, messages=MSGS, stream=True, extra_body=GREEDY)
+    )
+    assert chunks[0].type == "message_start" and chunks[-1].type == "message_stop"
+
+
+def test_stop_sequences_and_max_tokens(client):
+    full = (
+        client.messages.create(model="tiny", max_tokens=24, messages=MSGS, extra_body=GREEDY).content[0].text
+    )
+    stop = full[len(full) // 2 :][:3]
+    m = client.messages.create(
+        model="tiny", max_tokens=24, messages=MSGS, stop_sequences=["zzzz", stop], extra_body=GREEDY
+    )
+    assert m.content[0].text == full[: full.index(stop)]
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    with client.messages.stream(
+        model="tiny", max_tokens=24, messages=MSGS, stop_sequences=[stop], extra_body=GREEDY
+    ) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+    m = client.messages.create(model="tiny", max_tokens=2, messages=MSGS, extra_body=GREEDY)
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 2
+
+
+def test_sampling_fields_reach_the_sampler(client, oai):
+    greedy = openai_chat(oai, MSGS)[0].message.content
+    # Sampling at temperature 1 that can only pick the most likely token: top_k=1, or a tiny top_p.
+    for kw in ({"temperature": 1.0, "top_k": 1}, {"temperature": 1.0, "top_p": 1e-6}):
+        m = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=kw)
+        assert m.content[0].text == greedy, kw
+
+
+def test_turns_prefill_and_count_tokens(client, oai, llm):
+    # Consecutive turns of one role are one turn, joined by a blank line.
+    two = [
+        {"role": "user", "content": "Hello"},
+        {"role": "user", "content": [{"type": "text", "text": "there"}]},
+    ]
+    choice, usage = openai_chat(oai, [{"role": "user", "content": "Hello\n\nthere"}])
+    m = client.messages.create(model="tiny", max_tokens=10, messages=two, extra_body=GREEDY)
+    assert m.content[0].text == choice.message.content and m.usage.input_tokens == usage.prompt_tokens
+    assert client.messages.count_tokens(model="tiny", messages=two).input_tokens == usage.prompt_tokens
+    # A final assistant turn is the start of the reply: the answer continues it.
+    prefill = [*MSGS, {"role": "assistant", "content": "Well,"}]
+    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    ids = tpl.encode(tpl.render(MSGS, add_generation_prompt=True) + "Well,")
+    assert client.messages.count_tokens(model="tiny", messages=prefill).input_tokens == len(ids)
+    m = client.messages.create(model="tiny", max_tokens=10, messages=prefill, extra_body=GREEDY)
+    c = oai.completions.create(model="tiny", prompt=ids, max_tokens=10, temperature=0, stop=tpl.stop_strings)
+    assert m.content[0].text == c.choices[0].text and m.usage.input_tokens == len(ids)
+    sys = client.messages.count_tokens(model="tiny", system="Be brief.", messages=MSGS).input_tokens
+    assert sys == len(chat_ids(llm, [{"role": "system", "content": "Be brief."}, *MSGS]))
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+
+
+def test_errors_in_anthropics_shape(client, http):
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.create(model="claude-nope", max_tokens=5, messages=MSGS)
+    assert e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(
+            model="tiny",
+            max_tokens=5,
+            messages=MSGS,
+            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+        )
+    assert "tool" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(
+            model="tiny", max_tokens=5, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="nope", messages=MSGS)
+
+    def post(body: dict, path: str = "/v1/messages") -> httpx.Response:
+        return http.post(path, json=body)
+
+    base = {"model": "tiny", "max_tokens": 5, "messages": MSGS}
+    invalid = "invalid_request_error"
+    assert_anthropic_error(post({"model": "tiny", "messages": MSGS}), 400, invalid, "max_tokens")
+    assert_anthropic_error(post({**base, "max_tokens": 0}), 400, invalid, "max_tokens")
+    assert_anthropic_error(post({**base, "temperature": 1.5}), 400, invalid, "temperature")
+    assert_anthropic_error(post({**base, "messages": []}), 400, invalid, "at least one message")
+    assert_anthropic_error(
+        post({**base, "frequency_penalty": 1}), 400, invalid, "frequency_penalty"
+    )  # unknown: refused
+    assert_anthropic_error(
+        post({**base, "messages": [{"role": "system", "content": "x"}]}), 400, invalid, "role"
+    )
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}
+    assert_anthropic_error(
+        post({**base, "messages": [{"role": "user", "content": [image]}]}), 400, invalid, "image"
+    )
+    bad_block = {"type": "text", "text": "x", "colour": "red"}
+    assert_anthropic_error(
+        post({**base, "messages": [{"role": "user", "content": [bad_block]}]}), 400, invalid, "colour"
+    )
+    empty_first = [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}, *MSGS]
+    assert_anthropic_error(post({**base, "messages": empty_first}), 400, invalid, "non-empty")
+    trailing = [*MSGS, {"role": "assistant", "content": "Well, "}]
+    assert_anthropic_error(post({**base, "messages": trailing}), 400, invalid, "trailing whitespace")
+    assert_anthropic_error(
+        post({**base, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+        400,
+        invalid,
+        "structured",
+    )
+    assert_anthropic_error(http.post("/v1/messages", content=b"{oops"), 400, invalid, "json")
+    assert_anthropic_error(
+        post(base, "/v1/messages/count_tokens"), 400, invalid, "max_tokens"
+    )  # not a field there
+    assert_anthropic_error(post({**base, "model": "nope"}), 404, "not_found_error", "nope")
+    # Fields Anthropic knows that change nothing here are accepted.
+    ok = post(
+        {
+            **base,
+            "metadata": {"user_id": "u1"},
+            "service_tier": "auto",
+            "thinking": {"type": "disabled"},
+            "tool_choice": {"type": "none"},
+            "tools": [],
+        }
+    )
+    assert ok.status_code == 200, ok.text
+
+
+def test_guards_answer_in_anthropics_shape(llm):
+    with running_server(llm, parallel=1, api_key="k", max_body_bytes=4096) as (srv, _sched):
+        # The client sends its key as a bearer token; Anthropic's own x-api-key header works too.
+        c = anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0)
+        assert c.messages.count_tokens(model="tiny", messages=MSGS).input_tokens > 0
+        r = httpx.post(
+            srv.url + "/v1/messages/count_tokens",
+            json={"model": "tiny", "messages": MSGS},
+            headers={"x-api-key": "k"},
+        )
+        assert r.status_code == 200
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.count_tokens(
+                model="tiny", messages=MSGS
+            )
+        r = httpx.post(srv.url + "/v1/messages", json={"model": "tiny", "max_tokens": 1, "messages": MSGS})
+        assert_anthropic_error(r, 401, "authentication_error", "API key")
+        big = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "x" * 5000}]}
+        r = httpx.post(srv.url + "/v1/messages", json=big, headers={"x-api-key": "k"})
+        assert_anthropic_error(r, 413, "request_too_large", "larger")
+
+
+# ---- the real models ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.parametrize("model", ["default_model_path", "gemma_model_path"])
+def test_real_models_answer_as_the_openai_endpoint(model, request):
+    from llamacy import Llama
+
+    llm = Llama(request.getfixturevalue(model), n_ctx=512, n_threads=2)
+    with running_server(llm, parallel=2) as (srv, _sched):
+        c = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+        want = oai.chat.completions.create(model="tiny", messages=msgs, max_tokens=48, temperature=0)
+        m = c.messages.create(model="tiny", max_tokens=48, messages=msgs, extra_body=GREEDY)
+        assert m.content[0].text == want.choices[0].message.content
+        assert m.usage.output_tokens == want.usage.completion_tokens
+        # A short answer ends its turn by itself.
+        assert (m.stop_reason == "end_turn") == (want.choices[0].finish_reason == "stop")
+        with c.messages.stream(model="tiny", max_tokens=48, messages=msgs, extra_body=GREEDY) as s:
+            assert "".join(s.text_stream) == m.content[0].text
+            assert s.get_final_message().stop_reason == m.stop_reason
+        system = "You are a geography teacher."
+        want = oai.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "system", "content": system}, *msgs],
+            max_tokens=24,
+            temperature=0,
+        )
+        m = c.messages.create(model="tiny", max_tokens=24, system=system, messages=msgs, extra_body=GREEDY)
+        assert m.content[0].text == want.choices[0].message.content

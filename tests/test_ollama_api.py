@@ -1,0 +1,419 @@
+"""Ollama's API on `llamacy serve`: the real server driven with the official ollama client (and raw HTTP
+for what the client cannot send). Greedy answers are checked against the OpenAI endpoints of the same
+server, streamed and not; errors against Ollama's {"error": "..."} shape."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+
+import httpx
+import pytest
+
+ollama = pytest.importorskip("ollama")
+openai = pytest.importorskip("openai")
+
+from llamacy import __version__  # noqa: E402
+from llamacy.chat_template import ChatTemplate  # noqa: E402
+from tests.test_server import chat_ids, running_server  # noqa: E402
+
+MSGS = [{"role": "user", "content": "Hello there"}]
+GREEDY = {"temperature": 0, "num_predict": 10}
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    from tests.model_factory import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("ollama") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_path):
+    from llamacy import Llama
+
+    return Llama(tiny_path, n_ctx=128, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    with running_server(llm, parallel=3) as (srv, _sched):
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    return ollama.Client(host=server.url, timeout=60)
+
+
+@pytest.fixture
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+def openai_chat(oai, messages, max_tokens=10, **kw):
+    r = oai.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=max_tokens, temperature=0, **kw
+    )
+    return r.choices[0].message.content, r.usage
+
+
+def ndjson(r: httpx.Response) -> list[dict]:
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in r.text.splitlines() if line]
+
+
+def assert_ollama_error(r: httpx.Response, status: int, fragment: str = "") -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert list(body) == ["error"] and isinstance(body["error"], str)
+    assert fragment.lower() in body["error"].lower(), body
+
+
+def assert_final_shape(obj: dict) -> None:
+    """The last object of an answer: Ollama's metrics as integer nanoseconds, an RFC 3339 timestamp."""
+    assert obj["model"] == "tiny:latest" and obj["done"] is True
+    assert dt.datetime.fromisoformat(obj["created_at"].replace("Z", "+00:00")).tzinfo is not None
+    for key in ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration"):
+        assert isinstance(obj[key], int) and obj[key] >= 0, key
+    assert isinstance(obj["eval_count"], int) and isinstance(obj["eval_duration"], int)
+    assert obj["total_duration"] >= obj["prompt_eval_duration"] + obj["eval_duration"]
+    assert obj["done_reason"] in ("stop", "length")
+
+
+# ---- generation --------------------------------------------------------------------------------------
+
+
+def test_chat_equals_openai(client, oai, http):
+    want, usage = openai_chat(oai, MSGS)
+    r = client.chat(model="tiny", messages=MSGS, options=GREEDY)
+    assert r.message.role == "assistant" and r.message.content == want
+    assert r.done and r.eval_count == usage.completion_tokens and r.prompt_eval_count == usage.prompt_tokens
+    parts = list(client.chat(model="tiny", messages=MSGS, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == want
+    assert not any(p.done for p in parts[:-1]) and parts[-1].done and parts[-1].message.content == ""
+    # Streaming is the default; the raw lines carry Ollama's fields.
+    lines = ndjson(http.post("/api/chat", json={"model": "tiny", "messages": MSGS, "options": GREEDY}))
+    assert "".join(x["message"]["content"] for x in lines) == want
+    assert all(x["done"] is False and x["message"]["role"] == "assistant" for x in lines[:-1])
+    assert_final_shape(lines[-1])
+    one = http.post(
+        "/api/chat", json={"model": "tiny:latest", "messages": MSGS, "options": GREEDY, "stream": False}
+    )
+    assert one.headers["content-type"] == "application/json"
+    assert_final_shape(one.json())
+    assert one.json()["message"] == {"role": "assistant", "content": want}
+
+
+def test_generate_equals_openai(client, oai, llm):
+    # A templated prompt (the default) is one user turn, after the system prompt if there is one.
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]
+    want, usage = openai_chat(oai, msgs)
+    r = client.generate(model="tiny", prompt="Why is the sky blue?", system="Be brief.", options=GREEDY)
+    assert r.response == want and r.prompt_eval_count == usage.prompt_tokens
+    ids = chat_ids(llm, msgs)
+    assert list(r.context) == ids + list(r.context[len(ids) :]) and len(r.context) == len(ids) + r.eval_count
+    streamed = list(
+        client.generate(
+            model="tiny", prompt="Why is the sky blue?", system="Be brief.", options=GREEDY, stream=True
+        )
+    )
+    assert "".join(p.response for p in streamed) == want and streamed[-1].context == r.context
+    # raw: the prompt as it is, as /v1/completions takes it; no context comes back.
+    c = oai.completions.create(model="tiny", prompt="Once upon", max_tokens=10, temperature=0)
+    r = client.generate(model="tiny", prompt="Once upon", raw=True, options=GREEDY)
+    assert r.response == c.choices[0].text and r.context is None
+    assert r.eval_count == c.usage.completion_tokens and r.prompt_eval_count == c.usage.prompt_tokens
+    streamed = list(client.generate(model="tiny", prompt="Once upon", raw=True, options=GREEDY, stream=True))
+    assert "".join(p.response for p in streamed) == c.choices[0].text
+
+
+def test_context_continues_a_conversation(client, oai, llm):
+    first = client.generate(model="tiny", prompt="Hi", options={"temperature": 0, "num_predict": 4})
+    second = client.generate(model="tiny", prompt="More", context=first.context, options=GREEDY)
+    turn = chat_ids(llm, [{"role": "user", "content": "More"}])
+    assert turn[0] == llm.tokenizer.bos_id  # its template writes BOS: not again in mid-conversation
+    prompt = list(first.context) + turn[1:]
+    assert second.prompt_eval_count == len(prompt)
+    # The same ids as a completion prompt, with the template's end markers as stops: the same answer.
+    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    c = oai.completions.create(
+        model="tiny", prompt=prompt, max_tokens=10, temperature=0, stop=tpl.stop_strings
+    )
+    assert second.response == c.choices[0].text
+
+
+def test_options_map_to_the_sampler(client, oai):
+    sampling = {
+        "seed": 7,
+        "temperature": 0.9,
+        "top_k": 20,
+        "top_p": 0.9,
+        "min_p": 0.01,
+        "repeat_penalty": 1.1,
+    }
+    r = client.generate(model="tiny", prompt="Once upon", raw=True, options={**sampling, "num_predict": 12})
+    extra = {k: sampling[k] for k in ("top_k", "min_p", "repeat_penalty")}
+    c = oai.completions.create(
+        model="tiny", prompt="Once upon", max_tokens=12, seed=7, temperature=0.9, top_p=0.9, extra_body=extra
+    )
+    assert r.response == c.choices[0].text
+    # num_predict limits the answer; 0 and negative values mean no limit (Ollama's -1 and -2).
+    short = client.generate(
+        model="tiny", prompt="Once upon", raw=True, options={"temperature": 0, "num_predict": 3}
+    )
+    assert short.eval_count <= 3 and (short.eval_count < 3 or short.done_reason == "length")
+    # stop ends the answer before the stop string.
+    full = client.generate(
+        model="tiny", prompt="Once upon", raw=True, options={"temperature": 0, "num_predict": 24}
+    )
+    stop = full.response[len(full.response) // 2 :][:3]
+    cut = client.generate(
+        model="tiny",
+        prompt="Once upon",
+        raw=True,
+        options={"temperature": 0, "num_predict": 24, "stop": [stop]},
+    )
+    assert cut.response == full.response[: full.response.index(stop)] and cut.done_reason == "stop"
+    # num_ctx smaller than the server's bounds prompt + answer; unknown options are ignored.
+    n_prompt = full.prompt_eval_count
+    small = client.generate(
+        model="tiny",
+        prompt="Once upon",
+        raw=True,
+        options={"temperature": 0, "num_ctx": n_prompt + 2, "foo": 1},
+    )
+    assert small.eval_count <= 2 and small.response == full.response[: len(small.response)]
+    seeded = client.generate(
+        model="tiny", prompt="Once upon", raw=True, options={"seed": -1, "num_predict": 2}
+    )
+    assert seeded.done  # -1: a random seed, as in Ollama
+
+
+def test_logprobs(client):
+    opts = {"temperature": 0, "num_predict": 6}
+    r = client.generate(
+        model="tiny", prompt="Once upon", raw=True, logprobs=True, top_logprobs=2, options=opts
+    )
+    assert len(r.logprobs) == r.eval_count and "".join(lp.token for lp in r.logprobs) == r.response
+    for lp in r.logprobs:
+        assert lp.logprob <= 0 and len(lp.top_logprobs) == 2
+        assert lp.top_logprobs[0].token == lp.token  # greedy: the most likely token was taken
+    parts = list(client.chat(model="tiny", messages=MSGS, logprobs=True, options=opts, stream=True))
+    tokens = [lp.token for p in parts for lp in (p.logprobs or [])]
+    assert "".join(tokens) == "".join(p.message.content for p in parts)
+    assert client.generate(model="tiny", prompt="Once upon", raw=True, options=opts).logprobs is None
+
+
+def test_load_requests_and_keep_alive(client, http):
+    r = client.generate(model="tiny", prompt="")
+    assert r.done and r.done_reason == "load" and r.response == ""
+    r = http.post("/api/chat", json={"model": "tiny", "messages": []}).json()
+    assert r["done_reason"] == "load" and r["message"] == {"role": "assistant", "content": ""}
+    for keep in ("5m", "1h30m", 0, -1, 300.5):
+        assert client.generate(model="tiny", prompt="Hi", keep_alive=keep, options={"num_predict": 1}).done
+    assert_ollama_error(
+        http.post("/api/generate", json={"model": "tiny", "prompt": "Hi", "keep_alive": "soon"}),
+        400,
+        "keep_alive",
+    )
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+
+
+def test_errors_in_ollamas_shape(client, http):
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="nope", messages=MSGS)
+    assert e.value.status_code == 404 and "nope" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.show("nope:7b")
+    assert e.value.status_code == 404
+    post = lambda path, body: http.post(path, json=body)  # noqa: E731
+    assert_ollama_error(post("/api/generate", {"prompt": "Hi"}), 400, "model is required")
+    assert_ollama_error(post("/api/chat", {"messages": MSGS}), 400, "model is required")
+    assert_ollama_error(http.post("/api/chat", content=b"{not json"), 400, "json")
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": MSGS, "stream": "yes"}), 400, "stream"
+    )
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}), 400, "role"
+    )
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": MSGS, "format": "json"}), 400, "format"
+    )
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert_ollama_error(
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "format": schema}), 400, "format"
+    )
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": MSGS, "think": True}), 400, "thinking"
+    )
+    assert_ollama_error(
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "suffix": "end"}), 400, "insert"
+    )
+    assert_ollama_error(
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "template": "{{ .Prompt }}"}), 400, "template"
+    )
+    assert_ollama_error(
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "images": ["aGk="]}), 400, "images"
+    )
+    assert_ollama_error(
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "top_logprobs": 2}), 400, "logprobs"
+    )
+    assert_ollama_error(
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "context": [10**9]}), 400, "vocabulary"
+    )
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+          a: a number
+          b: another
+        """
+        return a + b
+
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="tiny", messages=MSGS, tools=[add])
+    assert e.value.status_code == 400 and "tools" in e.value.error
+    # Unknown fields are ignored, as Ollama ignores them; an empty tool list is no tools.
+    ok = post(
+        "/api/generate",
+        {"model": "tiny", "prompt": "Hi", "stream": False, "foo": 1, "options": {"num_predict": 1}},
+    )
+    assert ok.status_code == 200 and ok.json()["done"] is True
+    assert (
+        post(
+            "/api/chat",
+            {"model": "tiny", "messages": MSGS, "tools": [], "stream": False, "options": {"num_predict": 1}},
+        ).status_code
+        == 200
+    )
+
+
+def test_option_errors(http):
+    def gen(options: dict) -> httpx.Response:
+        return http.post(
+            "/api/generate", json={"model": "tiny", "prompt": "Hi", "stream": False, "options": options}
+        )
+
+    assert_ollama_error(gen({"temperature": "hot"}), 400, 'option "temperature"')
+    assert_ollama_error(gen({"num_predict": "many"}), 400, "integer")
+    assert_ollama_error(gen({"stop": "x"}), 400, "array")
+    assert_ollama_error(gen({"use_mmap": 1}), 400, "boolean")
+    assert_ollama_error(gen({"mirostat": 2}), 400, "mirostat")
+    assert_ollama_error(gen({"temperature": -1}), 400, "temperature")
+    assert_ollama_error(gen({"num_ctx": 1}), 400, "num_ctx")
+    assert (
+        gen(
+            {"mirostat": 0, "typical_p": 1.0, "num_thread": 4, "use_mmap": True, "num_predict": 1}
+        ).status_code
+        == 200
+    )
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+
+def test_tags_show_ps_version(client, http, llm, tiny_path):
+    models = client.list().models
+    assert [m.model for m in models] == ["tiny:latest"]
+    m = models[0]
+    assert m.size == tiny_path.stat().st_size
+    assert m.digest == hashlib.sha256(tiny_path.read_bytes()).hexdigest()
+    assert m.details.format == "gguf" and m.details.family == "llama" and m.details.families == ["llama"]
+    assert m.details.quantization_level == "Q8_0" and m.details.parameter_size
+    raw = http.get("/api/tags").json()["models"][0]
+    assert (
+        set(raw) == {"name", "model", "modified_at", "size", "digest", "details"}
+        and raw["name"] == "tiny:latest"
+    )
+    assert set(raw["details"]) == {
+        "parent_model",
+        "format",
+        "family",
+        "families",
+        "parameter_size",
+        "quantization_level",
+    }
+
+    s = client.show("tiny")
+    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    assert s.template == tpl.source and s.details.family == "llama" and "completion" in s.capabilities
+    assert s.modelinfo["general.architecture"] == "llama" and s.modelinfo["general.parameter_count"] > 0
+    assert s.modelinfo["tokenizer.ggml.tokens"] == []  # long arrays only when verbose, as Ollama does
+    assert "num_ctx" in s.parameters and '"<|im_end|>"' in s.parameters and f"FROM {tiny_path}" in s.modelfile
+    verbose = http.post("/api/show", json={"model": "tiny:latest", "verbose": True}).json()
+    assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) == llm.n_vocab
+    assert http.post("/api/show", json={"name": "tiny"}).status_code == 200  # the older spelling
+    assert_ollama_error(http.post("/api/show", json={}), 400, "model is required")
+
+    running = client.ps().models
+    assert [p.model for p in running] == ["tiny:latest"]
+    assert running[0].size > 0 and running[0].size_vram == 0 and running[0].context_length == 128
+    assert running[0].expires_at > dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=365)
+    assert running[0].digest == m.digest
+
+    assert http.get("/api/version").json() == {"version": __version__}
+
+
+def test_guards_answer_in_ollamas_shape(llm):
+    """The API key, the body size limit and the router answer Ollama's paths in Ollama's shape."""
+    with running_server(llm, parallel=1, api_key="k", max_body_bytes=4096) as (srv, _sched):
+        c = ollama.Client(host=srv.url, headers={"Authorization": "Bearer k"})
+        assert [m.model for m in c.list().models] == ["tiny:latest"]
+        with pytest.raises(ollama.ResponseError) as e:
+            ollama.Client(host=srv.url).list()
+        assert e.value.status_code == 401
+        assert_ollama_error(httpx.get(srv.url + "/api/tags"), 401, "API key")
+        auth = {"Authorization": "Bearer k"}
+        big = {"model": "tiny", "prompt": "x" * 5000}
+        assert_ollama_error(httpx.post(srv.url + "/api/generate", json=big, headers=auth), 413, "larger")
+        assert_ollama_error(httpx.post(srv.url + "/api/tags", headers=auth), 405)
+        # The OpenAI paths keep OpenAI's shape.
+        assert httpx.get(srv.url + "/v1/models").json()["error"]["code"] == "invalid_api_key"
+
+
+# ---- the real models ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.parametrize("model", ["default_model_path", "gemma_model_path"])
+def test_real_models_answer_as_the_openai_endpoint(model, request):
+    from llamacy import Llama
+
+    llm = Llama(request.getfixturevalue(model), n_ctx=512, n_threads=2)
+    with running_server(llm, parallel=2) as (srv, _sched):
+        c = ollama.Client(host=srv.url, timeout=300)
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        msgs = [{"role": "user", "content": "What is the capital of France?"}]
+        want = oai.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0)
+        opts = {"temperature": 0, "num_predict": 24}
+        r = c.chat(model="tiny", messages=msgs, options=opts)
+        assert r.message.content == want.choices[0].message.content and "Paris" in r.message.content
+        assert r.eval_count == want.usage.completion_tokens
+        streamed = "".join(
+            p.message.content for p in c.chat(model="tiny", messages=msgs, options=opts, stream=True)
+        )
+        assert streamed == r.message.content
+        g = c.generate(model="tiny", prompt="What is the capital of France?", options=opts)
+        assert g.response == r.message.content
+        raw = oai.completions.create(
+            model="tiny", prompt="The capital of France is", max_tokens=8, temperature=0
+        )
+        g = c.generate(
+            model="tiny",
+            prompt="The capital of France is",
+            raw=True,
+            options={"temperature": 0, "num_predict": 8},
+        )
+        assert g.response == raw.choices[0].text and "Paris" in g.response

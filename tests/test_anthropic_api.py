@@ -309,6 +309,8 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
         assert m.usage.output_tokens == want.usage.completion_tokens
         # A short answer ends its turn by itself.
         assert (m.stop_reason == "end_turn") == (want.choices[0].finish_reason == "stop")
+        if model == "default_model_path":  # SmolLM2 answers this one and ends its turn (Gemma 3 270M rambles)
+            assert m.stop_reason == "end_turn" and "Paris" in m.content[0].text
         with c.messages.stream(model="tiny", max_tokens=48, messages=msgs, extra_body=GREEDY) as s:
             assert "".join(s.text_stream) == m.content[0].text
             assert s.get_final_message().stop_reason == m.stop_reason

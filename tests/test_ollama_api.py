@@ -395,17 +395,19 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
     with running_server(llm, parallel=2) as (srv, _sched):
         c = ollama.Client(host=srv.url, timeout=300)
         oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        msgs = [{"role": "user", "content": "What is the capital of France?"}]
+        msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
         want = oai.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=0)
         opts = {"temperature": 0, "num_predict": 24}
         r = c.chat(model="tiny", messages=msgs, options=opts)
-        assert r.message.content == want.choices[0].message.content and "Paris" in r.message.content
+        assert r.message.content == want.choices[0].message.content
         assert r.eval_count == want.usage.completion_tokens
+        if model == "default_model_path":  # SmolLM2 answers this one and ends its turn (Gemma 3 270M rambles)
+            assert r.done_reason == "stop" and "Paris" in r.message.content
         streamed = "".join(
             p.message.content for p in c.chat(model="tiny", messages=msgs, options=opts, stream=True)
         )
         assert streamed == r.message.content
-        g = c.generate(model="tiny", prompt="What is the capital of France?", options=opts)
+        g = c.generate(model="tiny", prompt=msgs[0]["content"], options=opts)
         assert g.response == r.message.content
         raw = oai.completions.create(
             model="tiny", prompt="The capital of France is", max_tokens=8, temperature=0
@@ -416,4 +418,4 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
             raw=True,
             options={"temperature": 0, "num_predict": 8},
         )
-        assert g.response == raw.choices[0].text and "Paris" in g.response
+        assert g.response == raw.choices[0].text

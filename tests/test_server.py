@@ -401,7 +401,9 @@ def test_bad_requests(llm, server, http):
     assert_error(http.post("/v1/completions", json={"prompt": "x", "stream_options": {}}), 400, "stream")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"a": 1}}), 400, "token id")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"1": 101}}), 400, "logit")
-    assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"999999": 1}}), 400, "vocab")
+    assert_error(
+        http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"999999": 1}}), 400, "vocab"
+    )
     assert_error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": -1}), 400, "max_tokens")
     assert_error(http.post("/v1/completions", json={"prompt": [1, 10**7]}), 400, "vocabulary")
     assert_error(http.post("/v1/chat/completions", json={"messages": []}), 400, "messages")

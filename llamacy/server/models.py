@@ -34,18 +34,18 @@ from llamacy.server.mailbox import LoopMailbox
 log = logging.getLogger("llamacy.server")
 
 
-@dataclass
+@dataclass(eq=False)
 class ServedModel:
     """One loaded model as the routes see it."""
 
     name: str
     scheduler: Scheduler
     template: Any  # llamacy.chat_template.ChatTemplate, or None: chat completions answer 501
-    _mailbox: LoopMailbox | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _holds: int = field(default=0, repr=False)  # requests holding it (acquire .. response end)
-    _in_flight: int = field(default=0, repr=False)  # submitted to the scheduler, not finished
-    last_active: float = field(default_factory=time.monotonic, repr=False)
+    _mailbox: LoopMailbox | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _holds: int = field(default=0, init=False, repr=False)  # requests holding it (acquire .. response end)
+    _in_flight: int = field(default=0, init=False, repr=False)  # submitted to the scheduler, not finished
+    last_active: float = field(default_factory=time.monotonic, init=False, repr=False)
 
     @property
     def tokenizer(self) -> Any:

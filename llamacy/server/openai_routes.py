@@ -35,7 +35,14 @@ async def list_models(request: Request) -> JSONResponse:
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": state.created, "owned_by": "llamacy"}
+                # `loaded`: an addition; a model that is not is loaded by its first request.
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "llamacy",
+                    "loaded": state.models.is_loaded(name),
+                }
                 for name in state.models.names()
             ],
         }
@@ -132,7 +139,7 @@ class _ChatShape(_Shape):
 
 async def completions(request: Request) -> Response:
     body = parse(CompletionRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a list of one prompt
@@ -149,7 +156,7 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     body = parse(ChatRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     messages = [
         {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages
     ]

@@ -419,3 +419,31 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
             options={"temperature": 0, "num_predict": 8},
         )
         assert g.response == raw.choices[0].text
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_several_models(default_model_path, gemma_model_path):
+    """With the registry of `llamacy serve -m A -m B`: /api/tags lists every model without loading it,
+    /api/ps the loaded ones with their expiry under --idle-unload, and a request's model loads it."""
+    from llamacy.server.models import ModelSpec
+    from tests.test_server_models import NAMES, footprint, serving
+
+    with serving([ModelSpec(n, n, footprint(n)) for n in NAMES], idle_unload_s=600) as (srv, registry):
+        c = ollama.Client(host=srv.url, timeout=300)
+        tags = c.list().models
+        assert [m.model for m in tags] == [f"{n}:latest" for n in NAMES]
+        assert [m.details.family for m in tags] == ["llama", "gemma3"]
+        assert [m.details.quantization_level for m in tags] == ["Q4_1", "Q4_K_M"]
+        assert not any(registry.is_loaded(n) for n in NAMES)  # read from their files
+        assert c.ps().models == []
+        opts = {"temperature": 0, "num_predict": 4}
+        r = c.generate(model="gemma3-270m:latest", prompt="The capital of France is", raw=True, options=opts)
+        assert r.model == "gemma3-270m:latest" and r.eval_count > 0
+        assert registry.is_loaded("gemma3-270m") and not registry.is_loaded("smollm2-135m")
+        running = c.ps().models
+        assert [p.model for p in running] == ["gemma3-270m:latest"]
+        left = running[0].expires_at - dt.datetime.now(dt.timezone.utc)
+        assert dt.timedelta(seconds=500) < left <= dt.timedelta(seconds=600)
+        assert c.show("smollm2-135m").details.family == "llama"  # shown once loaded
+        assert [p.model for p in c.ps().models] == [f"{n}:latest" for n in NAMES]  # in the registry's order

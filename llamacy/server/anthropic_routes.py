@@ -85,7 +85,7 @@ def _event(kind: str, obj: dict[str, Any]) -> str:
 
 async def messages(request: Request) -> Response:
     body: MessagesRequest = parse(MessagesRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     ids = await _prompt(served, body)
     req = gen.build_request(served, body.sampling(), ids, body.max_tokens, chat=True)
     call = await gen.start(served, [req])
@@ -147,7 +147,7 @@ async def messages(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     body: CountTokensRequest = parse(CountTokensRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     return JSONResponse({"input_tokens": len(await _prompt(served, body))})
 
 

@@ -1,21 +1,24 @@
 """What a served model is, in the terms Ollama's /api/tags, /api/show and /api/ps use: its file, family,
-size, quantization, metadata and default parameters. Pure functions of the model file and the server's
-settings; computed once per model and cached (the digest reads the whole file)."""
+size, quantization, metadata and default parameters. Functions of the model file and the server's
+settings; a model's card is computed once and cached (its digest reads the whole file)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llamacy.bench import FILE_TYPES
+from llamacy.catalog import resolve_model
 from llamacy.ggml_types import type_name
+from llamacy.gguf import GGUFFile
 from llamacy.sampling import SamplingParams
-from llamacy.server.models import ServedModel
+from llamacy.server.models import ModelSpec, ServedModel
 
 _SHORT_LIST = 5  # Ollama blanks metadata arrays longer than this unless the request says verbose
 _DEFAULT_TAG = "latest"
@@ -60,6 +63,8 @@ def _jsonable(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class ModelCard:
+    """What Ollama lists of a model file (kept small: cards of unloaded models stay cached)."""
+
     name: str  # with its tag
     path: Path
     file_size: int
@@ -69,7 +74,6 @@ class ModelCard:
     n_params: int
     weights_bytes: int
     quantization: str
-    metadata: dict[str, Any]
 
     def details(self) -> dict[str, Any]:
         return {
@@ -81,13 +85,15 @@ class ModelCard:
             "quantization_level": self.quantization,
         }
 
-    def model_info(self, verbose: bool = False) -> dict[str, Any]:
-        info: dict[str, Any] = {}
-        for key, value in self.metadata.items():
-            v = _jsonable(value)
-            info[key] = [] if isinstance(v, list) and len(v) > _SHORT_LIST and not verbose else v
-        info.setdefault("general.parameter_count", self.n_params)
-        return info
+
+def model_info(gguf: Any, verbose: bool = False) -> dict[str, Any]:
+    """The file's metadata, as Ollama's /api/show gives it: long arrays (the vocabulary) only if verbose."""
+    info: dict[str, Any] = {}
+    for key, value in gguf.metadata.items():
+        v = _jsonable(value)
+        info[key] = [] if isinstance(v, list) and len(v) > _SHORT_LIST and not verbose else v
+    info.setdefault("general.parameter_count", int(sum(t.n_elements for t in gguf.tensors.values())))
+    return info
 
 
 def _quantization(gguf: Any) -> str:
@@ -113,17 +119,17 @@ _cards: dict[tuple[str, str], ModelCard] = {}
 _cards_lock = threading.Lock()
 
 
-def card(served: ServedModel) -> ModelCard:
-    """The served model's card (blocking the first time: it hashes the file; call it off the event loop)."""
-    gguf = served.scheduler.model.gguf
-    key = (served.name, str(gguf.path))
+def card(name: str, gguf: Any) -> ModelCard:
+    """The card of model `name` read from its GGUF file (blocking the first time: it hashes the file;
+    call it off the event loop)."""
+    key = (name, str(gguf.path))
     with _cards_lock:
         found = _cards.get(key)
     if found is not None:
         return found
     path = Path(gguf.path)
     made = ModelCard(
-        name=tagged(served.name),
+        name=tagged(name),
         path=path,
         file_size=gguf.file_size,
         modified_at=rfc3339(path.stat().st_mtime),
@@ -132,11 +138,20 @@ def card(served: ServedModel) -> ModelCard:
         n_params=int(sum(t.n_elements for t in gguf.tensors.values())),
         weights_bytes=int(sum(t.n_bytes for t in gguf.tensors.values())),
         quantization=_quantization(gguf),
-        metadata=dict(gguf.metadata),
     )
     with _cards_lock:
         _cards[key] = made
     return made
+
+
+def card_of(spec: ModelSpec, served: ServedModel | None) -> ModelCard:
+    """A served model's card from its loaded file; an unloaded one's from its file, without loading it."""
+    if served is not None:
+        return card(spec.name, served.scheduler.model.gguf)
+    path = resolve_model(spec.source)
+    with _cards_lock:
+        found = _cards.get((spec.name, str(path)))
+    return found if found is not None else card(spec.name, GGUFFile(path))
 
 
 def _quote(s: str) -> str:
@@ -163,7 +178,8 @@ def parameters(served: ServedModel) -> list[tuple[str, str]]:
 
 def show(served: ServedModel, verbose: bool = False) -> dict[str, Any]:
     """Ollama's /api/show answer."""
-    c = card(served)
+    gguf = served.scheduler.model.gguf
+    c = card(served.name, gguf)
     params = parameters(served)
     template = served.template.source if served.template is not None else ""
     modelfile = "\n".join(
@@ -179,15 +195,14 @@ def show(served: ServedModel, verbose: bool = False) -> dict[str, Any]:
         "parameters": "\n".join(f"{k:<30} {v}" for k, v in params),
         "template": template,
         "details": c.details(),
-        "model_info": c.model_info(verbose),
+        "model_info": model_info(gguf, verbose),
         "capabilities": ["completion"],
         "modified_at": c.modified_at,
     }
 
 
-def tag_entry(served: ServedModel) -> dict[str, Any]:
+def tag_entry(c: ModelCard) -> dict[str, Any]:
     """One model of Ollama's /api/tags."""
-    c = card(served)
     return {
         "name": c.name,
         "model": c.name,
@@ -198,21 +213,27 @@ def tag_entry(served: ServedModel) -> dict[str, Any]:
     }
 
 
-# A model that stays loaded for good: Ollama's keep_alive=-1 shows as now + the largest Go duration.
+# A model kept loaded for good: Ollama's keep_alive=-1 shows as now + the largest Go duration.
 _FOREVER = dt.timedelta(microseconds=(2**63 - 1) // 1000)
 
 
-def ps_entry(served: ServedModel) -> dict[str, Any]:
-    """One model of Ollama's /api/ps: resident for the server's lifetime, in CPU memory."""
-    c = card(served)
+def ps_entry(served: ServedModel, idle_unload_s: float | None) -> dict[str, Any]:
+    """One model of Ollama's /api/ps, in CPU memory. It expires when the server unloads idle models
+    (--idle-unload): that long after its last use; never otherwise."""
+    c = card(served.name, served.scheduler.model.gguf)
     sched = served.scheduler
+    if idle_unload_s:
+        idle = 0.0 if served.busy else time.monotonic() - served.last_active
+        left = dt.timedelta(seconds=max(0.0, idle_unload_s - idle))
+    else:
+        left = _FOREVER
     return {
         "name": c.name,
         "model": c.name,
         "size": c.weights_bytes + sched.model.kv.nbytes,
         "digest": c.digest,
         "details": c.details(),
-        "expires_at": (dt.datetime.now(dt.timezone.utc) + _FOREVER).isoformat().replace("+00:00", "Z"),
+        "expires_at": (dt.datetime.now(dt.timezone.utc) + left).isoformat().replace("+00:00", "Z"),
         "size_vram": 0,
         "context_length": sched.n_ctx,
     }

@@ -10,6 +10,7 @@ lifetime: keep_alive is accepted and has no effect, and an empty prompt answers 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from starlette.routing import Route
 
 import llamacy.server.generation as gen
 from llamacy import __version__
+from llamacy.errors import LlamacyError
 from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
 from llamacy.server import embeddings, model_card
 from llamacy.server.dialect import collect, ns
@@ -37,13 +39,15 @@ from llamacy.server.ollama_schemas import (
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
 
+log = logging.getLogger("llamacy.server")
+
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
 
-def _served(request: Request, name: str) -> ServedModel:
-    return state_of(request).models.get(model_card.untagged(name))
+async def _served(request: Request, name: str) -> ServedModel:
+    return await state_of(request).models.acquire(model_card.untagged(name))
 
 
 def _line(obj: dict[str, Any]) -> str:
@@ -150,7 +154,7 @@ def _done_reason(done: Done) -> str:
 
 async def generate(request: Request) -> Response:
     body: GenerateRequest = parse(GenerateRequest, await request.body())
-    served = _served(request, body.model)
+    served = await _served(request, body.model)
     if not body.prompt and not body.context:
         # Ollama's "load the model" request: nothing to generate; here the model is always loaded.
         return JSONResponse(
@@ -193,7 +197,7 @@ async def generate(request: Request) -> Response:
 
 async def chat(request: Request) -> Response:
     body: ChatRequest = parse(ChatRequest, await request.body())
-    served = _served(request, body.model)
+    served = await _served(request, body.model)
     if not body.messages:
         return JSONResponse(
             {
@@ -222,7 +226,7 @@ async def chat(request: Request) -> Response:
 
 async def embed(request: Request) -> Response:
     body: EmbedRequest = parse(EmbedRequest, await request.body())
-    served = _served(request, body.model)
+    served = await _served(request, body.model)
     parse_options(body.options)  # checked as Ollama checks them; none changes an embedding
     out: dict[str, Any] = {"model": model_card.tagged(served.name), "embeddings": []}
     if body.inputs():
@@ -239,7 +243,7 @@ async def embed(request: Request) -> Response:
 
 async def embeddings_v1(request: Request) -> Response:
     body: EmbeddingsRequest = parse(EmbeddingsRequest, await request.body())
-    served = _served(request, body.model)
+    served = await _served(request, body.model)
     parse_options(body.options)
     if not body.prompt:
         return JSONResponse({"embedding": []})
@@ -251,21 +255,32 @@ async def embeddings_v1(request: Request) -> Response:
 
 
 async def tags(request: Request) -> Response:
-    served = state_of(request).models.loaded()
+    """Every model the server can answer for, loaded or not (an unloaded one is read from its file)."""
+    registry = state_of(request).models
+    loaded = {m.name: m for m in registry.loaded()}
+
+    def cards() -> list[dict[str, Any]]:
+        out = []
+        for spec in registry.specs():
+            try:
+                out.append(model_card.tag_entry(model_card.card_of(spec, loaded.get(spec.name))))
+            except LlamacyError as e:  # a file gone since the server started: not listed, as Ollama
+                log.warning("model %s is not listed: %s", spec.name, e)
+        return out
+
     # The first call hashes each model file for its digest: off the event loop.
-    return JSONResponse(
-        {"models": await run_in_threadpool(lambda: [model_card.tag_entry(m) for m in served])}
-    )
+    return JSONResponse({"models": await run_in_threadpool(cards)})
 
 
 async def ps(request: Request) -> Response:
-    served = state_of(request).models.loaded()
-    return JSONResponse({"models": await run_in_threadpool(lambda: [model_card.ps_entry(m) for m in served])})
+    registry = state_of(request).models
+    entries = [model_card.ps_entry(m, registry.idle_unload_s) for m in registry.loaded()]  # cached cards
+    return JSONResponse({"models": entries})
 
 
 async def show(request: Request) -> Response:
     body: ShowRequest = parse(ShowRequest, await request.body())
-    served = _served(request, body.model_name())
+    served = await _served(request, body.model_name())
     return JSONResponse(await run_in_threadpool(model_card.show, served, body.verbose))
 
 

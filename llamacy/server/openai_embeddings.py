@@ -57,7 +57,7 @@ def _encode(vector: Any, fmt: str) -> Any:
 
 async def create_embeddings(request: Request) -> JSONResponse:
     body: EmbeddingRequest = parse(EmbeddingRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     embeddings.check_dimensions(served, body.dimensions)
     token_lists = [
         x if isinstance(x, list) else await gen.encode_text(served, x)  # prompts' tokenization, BOS included

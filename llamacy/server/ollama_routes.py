@@ -19,11 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+import llamacy.server.embeddings as embeddings
 import llamacy.server.generation as gen
+import llamacy.server.model_card as model_card
 from llamacy import __version__
 from llamacy.errors import LlamacyError
 from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
-from llamacy.server import embeddings, model_card
 from llamacy.server.dialect import collect, ns
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+import llamacy.server.embeddings as embeddings
 import llamacy.server.generation as gen
-from llamacy.server import embeddings
 from llamacy.server.errors import APIError
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of

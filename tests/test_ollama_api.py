@@ -440,6 +440,10 @@ def test_several_models(default_model_path, gemma_model_path):
         opts = {"temperature": 0, "num_predict": 4}
         r = c.generate(model="gemma3-270m:latest", prompt="The capital of France is", raw=True, options=opts)
         assert r.model == "gemma3-270m:latest" and r.eval_count > 0
+        again = c.generate(model="gemma3-270m", prompt="The capital of France is", raw=True, options=opts)
+        assert again.response == r.response
+        assert r.load_duration > 10 * again.load_duration  # the first request loaded the model
+        assert r.total_duration > r.load_duration + r.prompt_eval_duration + r.eval_duration
         assert registry.is_loaded("gemma3-270m") and not registry.is_loaded("smollm2-135m")
         running = c.ps().models
         assert [p.model for p in running] == ["gemma3-270m:latest"]

@@ -8,7 +8,6 @@ take a generation slot; its layer loop runs alone when the scheduler's thread te
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +40,6 @@ def _embedder(served: ServedModel) -> Embedder:
 class Embedded:
     vectors: np.ndarray  # [inputs, dims] float32
     tokens: int  # tokens evaluated, over all inputs
-    seconds: float
 
 
 def check_dimensions(served: ServedModel, dimensions: int | None) -> None:
@@ -68,7 +66,6 @@ async def embed(
         n_ctx = served.scheduler.n_ctx
         token_lists = [ids[:n_ctx] for ids in token_lists]
     emb = _embedder(served)
-    t0 = time.perf_counter()
     try:
         vectors = await run_in_threadpool(emb.embed, token_lists, normalize)
     except LlamacyError as e:
@@ -77,4 +74,4 @@ async def embed(
         vectors = vectors[:, :dimensions]
         if normalize:
             vectors = l2_normalize(vectors)
-    return Embedded(vectors, sum(len(ids) for ids in token_lists), time.perf_counter() - t0)
+    return Embedded(vectors, sum(len(ids) for ids in token_lists))

@@ -3,15 +3,18 @@
 
 Prompts go through the same helpers as the OpenAI routes (a chat through the model's chat template, a raw
 prompt as a completion), so a greedy answer here equals the OpenAI endpoint's for the same request.
-Durations are integer nanoseconds, timestamps RFC 3339 in UTC. Models stay loaded for the server's
-lifetime: keep_alive is accepted and has no effect, and an empty prompt answers done_reason "load".
+Durations are integer nanoseconds, timestamps RFC 3339 in UTC. A request loads its model if it is not
+loaded (load_duration says how long that took); when models unload is `llamacy serve`'s to say
+(--idle-unload, --max-memory), so keep_alive is accepted and has no effect. An empty prompt only loads.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -47,19 +50,32 @@ def _error(e: APIError) -> JSONResponse:
     return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
 
-async def _served(request: Request, name: str) -> ServedModel:
-    return await state_of(request).models.acquire(model_card.untagged(name))
+@dataclass(frozen=True)
+class _Clock:
+    """When the request began, and how long loading its model took (0 when it was loaded already)."""
+
+    start: float
+    load_ms: float
+
+    def total_ms(self) -> float:
+        return (time.perf_counter() - self.start) * 1000
+
+
+async def _served(request: Request, name: str) -> tuple[ServedModel, _Clock]:
+    start = time.perf_counter()
+    served = await state_of(request).models.acquire(model_card.untagged(name))
+    return served, _Clock(start, (time.perf_counter() - start) * 1000)
 
 
 def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-def _metrics(done: Done) -> dict[str, Any]:
+def _metrics(done: Done, clock: _Clock) -> dict[str, Any]:
     t, u = done.timings, done.usage
     return {
-        "total_duration": ns(t.total_ms),
-        "load_duration": 0,  # the model was loaded when the server started
+        "total_duration": ns(clock.total_ms()),  # as Ollama's: the whole request, loading included
+        "load_duration": ns(clock.load_ms),
         "prompt_eval_count": u.prompt_tokens,
         "prompt_eval_duration": ns(t.prompt_ms),
         "eval_count": u.completion_tokens,
@@ -111,6 +127,7 @@ def _ndjson(lines: AsyncIterator[str]) -> StreamingResponse:
 async def _answer(
     request: Request,
     served: ServedModel,
+    clock: _Clock,
     call: gen.Generation,
     stream: bool,
     want_lp: bool,
@@ -133,7 +150,7 @@ async def _answer(
                             lps = _logprobs(served, ev.logprobs) if want_lp else {}
                             yield _line({**head(), **part(ev.text), "done": False, **lps})
                     elif isinstance(ev, Done):
-                        yield _line({**head(), **final(ev, ""), **_metrics(ev)})
+                        yield _line({**head(), **final(ev, ""), **_metrics(ev, clock)})
                     else:
                         yield _line({"error": ev.message})  # the client raises ResponseError
 
@@ -143,7 +160,7 @@ async def _answer(
     if isinstance(end, Failed):
         raise _failure(end)
     lps = _logprobs(served, lps_all) if want_lp else {}
-    return JSONResponse({**head(), **final(end, end.text), **_metrics(end), **lps})
+    return JSONResponse({**head(), **final(end, end.text), **_metrics(end, clock), **lps})
 
 
 def _done_reason(done: Done) -> str:
@@ -155,9 +172,8 @@ def _done_reason(done: Done) -> str:
 
 async def generate(request: Request) -> Response:
     body: GenerateRequest = parse(GenerateRequest, await request.body())
-    served = await _served(request, body.model)
-    if not body.prompt and not body.context:
-        # Ollama's "load the model" request: nothing to generate; here the model is always loaded.
+    served, clock = await _served(request, body.model)
+    if not body.prompt and not body.context:  # Ollama's "load the model" request: nothing to generate
         return JSONResponse(
             {
                 "model": model_card.tagged(served.name),
@@ -185,6 +201,7 @@ async def generate(request: Request) -> Response:
     return await _answer(
         request,
         served,
+        clock,
         call,
         body.streaming(),
         body.logprobs is True,
@@ -198,7 +215,7 @@ async def generate(request: Request) -> Response:
 
 async def chat(request: Request) -> Response:
     body: ChatRequest = parse(ChatRequest, await request.body())
-    served = await _served(request, body.model)
+    served, clock = await _served(request, body.model)
     if not body.messages:
         return JSONResponse(
             {
@@ -219,7 +236,9 @@ async def chat(request: Request) -> Response:
     def final(done: Done, text: str) -> dict[str, Any]:
         return {**message(text), "done": True, "done_reason": _done_reason(done)}
 
-    return await _answer(request, served, call, body.streaming(), body.logprobs is True, message, final)
+    return await _answer(
+        request, served, clock, call, body.streaming(), body.logprobs is True, message, final
+    )
 
 
 # ---- embeddings --------------------------------------------------------------------------------------
@@ -227,7 +246,7 @@ async def chat(request: Request) -> Response:
 
 async def embed(request: Request) -> Response:
     body: EmbedRequest = parse(EmbedRequest, await request.body())
-    served = await _served(request, body.model)
+    served, clock = await _served(request, body.model)
     parse_options(body.options)  # checked as Ollama checks them; none changes an embedding
     out: dict[str, Any] = {"model": model_card.tagged(served.name), "embeddings": []}
     if body.inputs():
@@ -237,14 +256,17 @@ async def embed(request: Request) -> Response:
             served, token_lists, truncate=body.truncate is not False, dimensions=body.dimensions
         )
         out["embeddings"] = done.vectors.tolist()
-        ms = done.seconds * 1000
-        out |= {"total_duration": ns(ms), "load_duration": 0, "prompt_eval_count": done.tokens}
+        out |= {
+            "total_duration": ns(clock.total_ms()),
+            "load_duration": ns(clock.load_ms),
+            "prompt_eval_count": done.tokens,
+        }
     return JSONResponse(out)
 
 
 async def embeddings_v1(request: Request) -> Response:
     body: EmbeddingsRequest = parse(EmbeddingsRequest, await request.body())
-    served = await _served(request, body.model)
+    served, _ = await _served(request, body.model)
     parse_options(body.options)
     if not body.prompt:
         return JSONResponse({"embedding": []})
@@ -281,7 +303,7 @@ async def ps(request: Request) -> Response:
 
 async def show(request: Request) -> Response:
     body: ShowRequest = parse(ShowRequest, await request.body())
-    served = await _served(request, body.model_name())
+    served, _ = await _served(request, body.model_name())
     return JSONResponse(await run_in_threadpool(model_card.show, served, body.verbose))
 
 

@@ -252,6 +252,7 @@ def test_errors_in_anthropics_shape(client, http):
     assert_anthropic_error(
         post(base, "/v1/messages/count_tokens"), 400, invalid, "max_tokens"
     )  # not a field there
+    assert_anthropic_error(post({**base, "metadata": {"user": "u1"}}), 400, invalid, "metadata.user")
     assert_anthropic_error(post({**base, "model": "nope"}), 404, "not_found_error", "nope")
     # Fields Anthropic knows that change nothing here are accepted.
     ok = post(

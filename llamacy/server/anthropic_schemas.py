@@ -50,6 +50,10 @@ def text_of(content: str | list[Block], where: str) -> str:
     return "".join(block_text(b, f"{where}.{j}") for j, b in enumerate(content))
 
 
+class Metadata(_Strict):
+    user_id: str | None = None  # an opaque id of the end user: nothing to do with it here
+
+
 class MessageParam(_Strict):
     role: Literal["user", "assistant"]
     content: str | list[Block]
@@ -127,7 +131,7 @@ class MessagesRequest(_Common):
     temperature: Annotated[float, Field(ge=0, le=1)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     service_tier: str | None = None
     inference_geo: str | None = None
     diagnostics: dict[str, Any] | None = None

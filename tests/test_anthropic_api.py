@@ -5,6 +5,8 @@ are checked against the OpenAI chat endpoint of the same server; errors against 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -324,3 +326,34 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
         )
         m = c.messages.create(model="tiny", max_tokens=24, system=system, messages=msgs, extra_body=GREEDY)
         assert m.content[0].text == want.choices[0].message.content
+
+
+def test_overloaded_and_shutdown(llm):
+    # A scheduler that is not started holds every request in its queue: the next one finds it full.
+    with running_server(llm, start=False, queue_size=1) as (srv, sched):
+        streamed: list[str] = []
+
+        def first() -> None:
+            body = {"model": "tiny", "max_tokens": 2, "messages": MSGS, "stream": True}
+            with httpx.stream("POST", srv.url + "/v1/messages", json=body, timeout=30) as r:
+                streamed.append(r.read().decode())
+
+        t = threading.Thread(target=first)
+        t.start()
+        deadline = time.monotonic() + 10
+        while sched.queue_depth < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = httpx.post(srv.url + "/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": MSGS})
+        assert_anthropic_error(r, 529, "overloaded_error", "queue is full")
+        sched.shutdown()  # the queued request ends with Anthropic's error event
+        t.join(10)
+        events = [block.split("\n") for block in streamed[0].split("\n\n") if block]
+        assert [e[0] for e in events] == [
+            "event: message_start",
+            "event: content_block_start",
+            "event: ping",
+            "event: error",
+        ]
+        error = json.loads(events[-1][1][len("data: ") :])
+        assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"

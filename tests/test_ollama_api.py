@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -451,3 +453,28 @@ def test_several_models(default_model_path, gemma_model_path):
         assert dt.timedelta(seconds=500) < left <= dt.timedelta(seconds=600)
         assert c.show("smollm2-135m").details.family == "llama"  # shown once loaded
         assert [p.model for p in c.ps().models] == [f"{n}:latest" for n in NAMES]  # in the registry's order
+
+
+def test_full_queue_and_shutdown(llm):
+    # A scheduler that is not started holds every request in its queue: the next one finds it full.
+    with running_server(llm, start=False, queue_size=1) as (srv, sched):
+        c = ollama.Client(host=srv.url, timeout=30)
+        errors: list[Exception] = []
+
+        def first() -> None:
+            try:
+                list(c.generate(model="tiny", prompt="Hi", stream=True, options={"num_predict": 2}))
+            except ollama.ResponseError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=first)
+        t.start()
+        deadline = time.monotonic() + 10
+        while sched.queue_depth < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = httpx.post(srv.url + "/api/chat", json={"model": "tiny", "messages": MSGS})
+        assert_ollama_error(r, 429, "queue is full")
+        sched.shutdown()  # the queued request's stream ends with Ollama's error line
+        t.join(10)
+        assert len(errors) == 1 and "shut" in errors[0].error

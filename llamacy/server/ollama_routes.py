@@ -297,7 +297,11 @@ async def tags(request: Request) -> Response:
 
 async def ps(request: Request) -> Response:
     registry = state_of(request).models
-    entries = [model_card.ps_entry(m, registry.idle_unload_s) for m in registry.loaded()]  # cached cards
+    served = registry.loaded()
+    # A model's first card hashes its file: off the event loop.
+    entries = await run_in_threadpool(
+        lambda: [model_card.ps_entry(m, registry.idle_unload_s) for m in served]
+    )
     return JSONResponse({"models": entries})
 
 

@@ -26,8 +26,8 @@ from llamacy.server.models import ServedModel
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
 
-# Anthropic's error type for each status; 529 is its "overloaded" (here: the queue is full, or the server
-# is shutting down).
+# Anthropic's error type for each status; 529 is its "overloaded": here a full queue and every 503 (the
+# server shutting down, no memory to load the model now), all worth a retry later.
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -51,7 +51,7 @@ def _error_body(status: int, message: str) -> dict[str, Any]:
 
 
 def _status(e: APIError) -> int:
-    return _OVERLOADED if e.code in ("queue_full", "shutting_down") else e.status
+    return _OVERLOADED if e.code == "queue_full" or e.status == 503 else e.status
 
 
 def _error(e: APIError) -> JSONResponse:

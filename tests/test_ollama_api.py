@@ -451,7 +451,8 @@ def test_several_models(default_model_path, gemma_model_path):
         assert [p.model for p in running] == ["gemma3-270m:latest"]
         left = running[0].expires_at - dt.datetime.now(dt.timezone.utc)
         assert dt.timedelta(seconds=500) < left <= dt.timedelta(seconds=600)
-        assert c.show("smollm2-135m").details.family == "llama"  # shown once loaded
+        shown = c.show("smollm2-135m")  # shown once loaded
+        assert shown.details.family == "llama" and shown.license == "apache-2.0"
         assert [p.model for p in c.ps().models] == [f"{n}:latest" for n in NAMES]  # in the registry's order
 
 

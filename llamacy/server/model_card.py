@@ -190,7 +190,9 @@ def show(served: ServedModel, verbose: bool = False) -> dict[str, Any]:
             *(f"PARAMETER {k} {v}" for k, v in params),
         ]
     )
+    license_ = gguf.metadata.get("general.license")
     return {
+        **({"license": str(license_)} if license_ else {}),
         "modelfile": modelfile,
         "parameters": "\n".join(f"{k:<30} {v}" for k, v in params),
         "template": template,

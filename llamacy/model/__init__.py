@@ -48,14 +48,13 @@ class Model:
         ensure_cpu()
         from llamacy.kernels.parallel import ensure_threads
         from llamacy.model.forward import Forward
-        from llamacy.model.weights import WeightBinder, hparams_for_forward
+        from llamacy.model.weights import WeightBinder
 
         self.cfg = cfg or config_from_metadata(gguf.metadata, str(gguf.path))
         n_threads = min(n_threads, ensure_threads(n_threads))
         self.n_ctx = n_ctx
         self.n_threads = n_threads
-        glob, layers = WeightBinder(gguf, self.cfg).bind()
-        self.forward = Forward(hparams_for_forward(self.cfg), glob, layers, ubatch, n_ctx, max(n_threads, 1))
+        self.forward = Forward(self.cfg, WeightBinder(gguf, self.cfg).bind(), ubatch, n_ctx, n_threads)
         self.kv = KVCache(self.cfg, n_ctx, n_seq, kv_type)
         self._gguf = gguf  # the weights point into its mapping
 

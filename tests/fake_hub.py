@@ -62,6 +62,8 @@ class HubFile:
 class Repo:
     files: dict[str, HubFile]
     commit: str = field(default="")
+    token: str | None = None  # private: only `Authorization: Bearer <token>` sees it
+    gated: bool = False  # with a token: terms to accept first
 
 
 class FakeHub:
@@ -82,8 +84,10 @@ class FakeHub:
             server.daemon_threads = True
         self.url, self.cdn_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in self.servers)
 
-    def add(self, repo_id: str, files: dict[str, bytes | HubFile]) -> Repo:
-        repo = Repo({k: v if isinstance(v, HubFile) else HubFile(v) for k, v in files.items()})
+    def add(
+        self, repo_id: str, files: dict[str, bytes | HubFile], token: str | None = None, gated: bool = False
+    ) -> Repo:
+        repo = Repo({k: v if isinstance(v, HubFile) else HubFile(v) for k, v in files.items()}, "", token, gated)
         digest = hashlib.sha1(repo_id.encode())
         for name in sorted(repo.files):
             digest.update(name.encode() + repo.files[name].sha256.encode())
@@ -161,6 +165,13 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self.hub.repos.get(repo_id)
         if repo is None:
             self._error(404, "RepoNotFound", "Repository not found")
+            return None
+        if repo.token is not None and self.headers.get("Authorization") != f"Bearer {repo.token}":
+            # What the hub says to a client without the right token: the repository does not exist.
+            self._error(401, "RepoNotFound", "Invalid username or password.")
+            return None
+        if repo.gated:
+            self._error(403, "GatedRepo", "Access to this model is restricted.")
             return None
         if rev not in ("main", repo.commit):
             self._error(404, "RevisionNotFound", "Invalid rev id")

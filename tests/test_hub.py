@@ -180,6 +180,9 @@ def test_pull_by_name_and_quant(hub, tiny, tmp_path):
     assert (rp / "refs" / "main").read_text() == repo.commit
     assert not (rp / "snapshots" / repo.commit / "README.md").exists()  # only the model is fetched
 
+    n = len(hub.requests)
+    assert cli("pull", "tester/pull-GGUF:Q8_0", env=env).returncode == 0  # pulled already: no download
+    assert not [p for m, p, _ in hub.requests[n:] if m == "GET" and p.startswith("/cdn/")]
     assert cli("pull", "tester/pull-GGUF", env=env).returncode == 0  # no quant: Q4_K_M
     assert (rp / "snapshots" / repo.commit / "tiny-Q4_K_M.gguf").read_bytes() == tiny["Q4_K_M"]
     rows = listed(env)
@@ -289,10 +292,23 @@ def test_hub_errors_are_one_line(hub, tmp_path):
     one_line_error(cli("pull", "tester/no-such-repo", env=env), 2, "no model repository tester/no-such-repo")
     one_line_error(cli("pull", "nothing-like-a-name", env=env), 2, "not a hub model name")
     one_line_error(cli("pull", "smollm2-135m", env=env), 2, "ships in a package")
+    offline = hub_env(tmp_path, hub, HF_HUB_OFFLINE="1")
+    one_line_error(cli("pull", "tester/pull-GGUF:Q8_0", env=offline), 1, "HF_HUB_OFFLINE forbids the network")
     dead = hub_env(tmp_path, hub, HF_ENDPOINT="http://127.0.0.1:9")
     one_line_error(
         cli("pull", "tester/pull-GGUF:Q8_0", env=dead), 1, "cannot reach the hub at http://127.0.0.1:9"
     )
+
+
+def test_private_and_gated_repositories(hub, tiny, tmp_path):
+    hub.add("tester/private-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"]}, token="hf_secret")
+    hub.add("tester/gated-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"]}, gated=True)
+    env = hub_env(tmp_path, hub)
+    one_line_error(cli("pull", "tester/private-GGUF", env=env), 2, "a private one needs HF_TOKEN")
+    one_line_error(cli("pull", "tester/gated-GGUF", env=env), 1, "is gated: accept its terms")
+    r = cli("pull", "tester/private-GGUF", env=hub_env(tmp_path, hub, HF_TOKEN="hf_secret"))
+    assert r.returncode == 0, r.stderr
+    assert "tester/private-GGUF:Q8_0" in listed(env)
 
 
 # --- list / rm / show ---

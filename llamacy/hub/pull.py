@@ -39,6 +39,8 @@ def _hub_errors(ref: HubRef, endpoint: str) -> Iterator[None]:
     except httpx2.TransportError as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise LlamacyError(f"cannot reach the hub at {endpoint}: {reason}") from None
+    except (ValueError, KeyError):  # a JSON body that is not the hub's (HF_ENDPOINT pointing elsewhere)
+        raise LlamacyError(f"{endpoint} did not answer as a Hugging Face hub does (check HF_ENDPOINT)") from None
 
 
 @contextmanager

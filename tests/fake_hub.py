@@ -87,7 +87,9 @@ class FakeHub:
     def add(
         self, repo_id: str, files: dict[str, bytes | HubFile], token: str | None = None, gated: bool = False
     ) -> Repo:
-        repo = Repo({k: v if isinstance(v, HubFile) else HubFile(v) for k, v in files.items()}, "", token, gated)
+        repo = Repo(
+            {k: v if isinstance(v, HubFile) else HubFile(v) for k, v in files.items()}, "", token, gated
+        )
         digest = hashlib.sha1(repo_id.encode())
         for name in sorted(repo.files):
             digest.update(name.encode() + repo.files[name].sha256.encode())

@@ -39,8 +39,6 @@ def _hub_errors(ref: HubRef, endpoint: str) -> Iterator[None]:
     except httpx2.TransportError as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise LlamacyError(f"cannot reach the hub at {endpoint}: {reason}") from None
-    except (ValueError, KeyError):  # a JSON body that is not the hub's (HF_ENDPOINT pointing elsewhere)
-        raise LlamacyError(f"{endpoint} did not answer as a Hugging Face hub does (check HF_ENDPOINT)") from None
 
 
 @contextmanager
@@ -96,7 +94,12 @@ def pull(ref: HubRef, *, progress: bool = False) -> PulledModel:
         return found
     storage = repo_dir(ref.repo_id)
     with _quiet_library(), _hub_errors(ref, endpoint):
-        info = HfApi(endpoint=endpoint).model_info(ref.repo_id, revision="main", files_metadata=True)
+        try:
+            info = HfApi(endpoint=endpoint).model_info(ref.repo_id, revision="main", files_metadata=True)
+        except (ValueError, KeyError):  # a body that is not the hub's JSON (HF_ENDPOINT pointing elsewhere)
+            raise LlamacyError(
+                f"{endpoint} does not answer as a Hugging Face hub (check HF_ENDPOINT)"
+            ) from None
         if not info.sha:
             raise LlamacyError(f"the hub at {endpoint} gave no commit for {ref.repo_id}")
         remote = _remote_files(info)

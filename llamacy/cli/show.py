@@ -50,7 +50,7 @@ def show(
         from rich.table import Table
 
         t = Table(show_header=False, box=None, pad_edge=False)
-        t.add_column(style="bold")
+        t.add_column(style="bold", min_width=len("context length"))  # lined up with info's rows below
         t.add_column()
         t.add_row("pulled as", source["name"])
         t.add_row("from", f"{source['repository']} @ {source['commit']}")

@@ -31,6 +31,10 @@ def _hub_errors(ref: HubRef, endpoint: str) -> Iterator[None]:
         ) from None
     except errors.RevisionNotFoundError:
         raise UsageError(f"{ref.repo_id} has no main branch on {endpoint}") from None
+    except errors.LocalEntryNotFoundError:  # hf_hub_download lost the hub before linking a fetched file
+        raise LlamacyError(
+            f"lost the hub at {endpoint} while finishing {ref}; run the same command again"
+        ) from None
     except errors.OfflineModeIsEnabled:
         raise LlamacyError(f"{ref} is not pulled and HF_HUB_OFFLINE forbids the network") from None
     except errors.HfHubHTTPError as e:

@@ -11,7 +11,8 @@ It answers exactly what huggingface_hub asks while llamacy pulls:
 Errors carry the X-Error-Code header huggingface_hub maps to its exceptions (RepoNotFound, ...).
 
 Faults, per file, to test what a pull does when the network or the hub misbehaves: drop the connection
-after some bytes (a number of times, or always), serve a corrupted or truncated file, or trickle slowly.
+after some bytes (a number of times, or always), serve a corrupted or truncated file, trickle slowly,
+or ignore Range requests.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class HubFile:
     corrupt: bool = False  # flip a byte in the middle of what is served (the sizes stay right)
     serve_bytes: int | None = None  # serve a truncated file, this long, with a matching Content-Length
     rate: int | None = None  # bytes per second, to interrupt a pull mid-way
+    ranges: bool = True  # False: answer a Range request with the whole file (200), as some CDNs do
 
     @property
     def sha256(self) -> str:
@@ -231,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = f.served()
         start = 0
         rng = self.headers.get("Range")
-        if rng and (m := re.fullmatch(r"bytes=(\d+)-", rng.strip())):
+        if rng and f.ranges and (m := re.fullmatch(r"bytes=(\d+)-", rng.strip())):
             start = int(m.group(1))
             if start >= len(data):
                 self.send_response(416)

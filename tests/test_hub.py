@@ -272,6 +272,20 @@ def test_ctrl_c_keeps_the_partial_file(hub, big, tmp_path):
     ).read_bytes() == data
 
 
+def test_a_server_ignoring_range_gets_the_whole_file_again(hub, big, tmp_path):
+    data = big[: 12 * MiB]
+    f = HubFile(data, ranges=False)
+    repo = hub.add("tester/norange-GGUF", {"big-Q8_0.gguf": f})
+    blobs = repo_path(tmp_path, "tester/norange-GGUF") / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{f.sha256}.incomplete").write_bytes(data[: 5 * MiB])  # left by an earlier, interrupted pull
+    env = hub_env(tmp_path, hub)
+    assert cli("pull", "tester/norange-GGUF:Q8_0", env=env).returncode == 0
+    assert hub.ranges(f.sha256) == [f"bytes={5 * MiB}-"]  # asked for the rest, got all: written from 0
+    snap = repo_path(tmp_path, "tester/norange-GGUF") / "snapshots" / repo.commit / "big-Q8_0.gguf"
+    assert snap.read_bytes() == data
+
+
 @pytest.mark.parametrize(
     "fault, message",
     [({"corrupt": True}, "failed its sha256 check"), ({"serve_bytes": 100_000}, "is truncated (100000 of")],

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from llamacy.hub import HubRef
 
-def hub_ref(name: str):  # -> llamacy.hub.HubRef
+
+def hub_ref(name: str) -> HubRef:
     """The hub name `name` spells, or a one-line error saying what a name may be."""
     from llamacy import hub
     from llamacy.catalog import KNOWN_MODELS

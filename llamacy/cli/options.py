@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 MODEL = typer.Option(
-    None, "--model", "-m", help="A GGUF file, or a known model name (default: smollm2-135m)."
+    None, "--model", "-m", help="A GGUF file, a known name (default: smollm2-135m), or OWNER/REPO:QUANT."
 )
 THREADS = typer.Option(None, "--threads", "-t", help="Threads for the math (default: all available cores).")
 CTX = typer.Option(None, "--ctx-size", "-c", help="Context size in tokens (default: min(model's, 4096)).")

@@ -42,13 +42,13 @@ def check_prompt(ids: Sequence[int], n_ctx: int, n_vocab: int, n_ctx_train: int)
     context of n_ctx tokens for even one generated token."""
     if not ids:
         raise UsageError("the prompt is empty (no tokens); give some text")
-    if min(ids) < 0 or max(ids) >= n_vocab:
-        raise UsageError(f"the prompt holds token ids outside the vocabulary [0, {n_vocab})")
     if len(ids) >= n_ctx:
         raise ContextOverflowError(
             f"the prompt has {len(ids)} tokens but the context holds {n_ctx} "
             f"(raise --ctx-size, up to {n_ctx_train}, or shorten the prompt)"
         )
+    if min(ids) < 0 or max(ids) >= n_vocab:
+        raise UsageError(f"the prompt holds token ids outside the vocabulary [0, {n_vocab})")
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,9 @@ class Session:
             model.forward.profile_reset()
         # The tokenizer's end-of-generation ids are read now: a caller may change them between calls.
         sampler = Sampler(params, model.cfg.n_vocab)
-        state = SequenceState(ids, sampler, self.tokenizer, stop, self.tokenizer.eot_ids, max_tokens)
+        state = SequenceState(
+            ids, sampler, self.tokenizer, stop, self.tokenizer.eot_ids, max_tokens, timed=self.profiling
+        )
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
         logits = model.eval(ids[keep:], logits="last")
@@ -91,7 +93,7 @@ class Session:
         st.prompt_s = t_gen - t0
         while True:
             step = state.step(logits, context_full=kv.length(0) >= self.n_ctx)
-            if not st.first_token_s:
+            if not done.tokens:
                 st.first_token_s = time.perf_counter() - t0
             if step.token is not None:
                 st.gen_tokens += 1

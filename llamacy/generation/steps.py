@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,8 +72,7 @@ def token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(token, float(x[token] - lse), top)
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):  # a tuple: one is made per token
     token: int | None  # the generated token; None when the sequence ended without one
     piece: str  # text safe to show now: "" while a character or a possible stop string is incomplete
     logprob: TokenLogprob | None  # when logprobs were asked for
@@ -93,7 +92,9 @@ class SequenceState:
         stop_ids: Collection[int] = (),
         max_tokens: int | None = None,
         logprobs: int | None = None,
+        timed: bool = False,
     ) -> None:
+        """timed: add up the seconds spent sampling and detokenizing (t_sample, t_detok), for profiles."""
         self.sampler = sampler
         self.history = list(prompt)  # what the penalties look at: prompt + generated
         self.stop_ids = stop_ids
@@ -103,7 +104,7 @@ class SequenceState:
         self.stops = StopMatcher(list(stop))
         self.tokens: list[int] = []
         self.text: list[str] = []  # the pieces shown so far
-        # Seconds spent in sampling and in detokenizing (profiles report them).
+        self.timed = timed
         self.t_sample = 0.0
         self.t_detok = 0.0
 
@@ -116,21 +117,27 @@ class SequenceState:
         room to evaluate another token, so the one sampled now is the last."""
         if self.at_limit:  # max_tokens = 0
             return Step(None, "", None, "length")
-        if not np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
+        t0 = time.perf_counter() if self.timed else 0.0
+        try:
+            tok = self.sampler.sample(logits, self.history)
+        except ValueError:
+            # The sampler refuses NaN and infinite logits; checked here only then, off the hot path.
+            if np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
+                raise
             raise LlamacyError(
                 f"the model produced non-finite logits at position {len(self.history)}: "
                 "its weights are likely corrupt"
-            )
-        t0 = time.perf_counter()
-        tok = self.sampler.sample(logits, self.history)
-        t1 = time.perf_counter()
-        self.t_sample += t1 - t0
+            ) from None
+        if self.timed:
+            t1 = time.perf_counter()
+            self.t_sample += t1 - t0
         if tok in self.stop_ids:
             return Step(None, "", None, "stop")
         self.tokens.append(tok)
         self.history.append(tok)
         piece = self.stops.feed(self.decoder.feed(tok))
-        self.t_detok += time.perf_counter() - t1
+        if self.timed:
+            self.t_detok += time.perf_counter() - t1
         lp = token_logprob(logits, tok, self.logprobs) if self.logprobs is not None else None
         if piece:
             self.text.append(piece)

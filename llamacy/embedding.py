@@ -16,6 +16,7 @@ import numpy as np
 
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
 from llamacy.model.config import ModelConfig
+from llamacy.model.weights import ModelWeights
 
 # llama.cpp's enum llama_pooling_type, as GGUF files store it.
 POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
@@ -61,8 +62,10 @@ class Embedder:
         n_threads: int,
         kv_type: str = "f32",
         pooling: str | None = None,
+        weights: ModelWeights | None = None,
     ) -> None:
-        """pooling: "mean", "cls" or "last"; by default the file's {arch}.pooling_type (see module doc)."""
+        """pooling: "mean", "cls" or "last"; by default the file's {arch}.pooling_type (see module doc).
+        weights: the file's tensors already bound (WeightBinder.bind()), to share them; bound here otherwise."""
         source = str(gguf.path)
         if pooling is None:
             pooling = pooling_from_metadata(gguf.metadata, cfg.arch, source)
@@ -76,6 +79,7 @@ class Embedder:
         self.n_threads = n_threads
         self.kv_type = kv_type
         self.pooling = pooling
+        self.weights = weights
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -120,7 +124,13 @@ class Embedder:
             from llamacy.model import Model
 
             self._model = Model(
-                self.gguf, self.n_ctx, self.n_threads, n_seq=1, cfg=self.cfg, kv_type=self.kv_type
+                self.gguf,
+                self.n_ctx,
+                self.n_threads,
+                n_seq=1,
+                cfg=self.cfg,
+                kv_type=self.kv_type,
+                weights=self.weights,
             )
         return self._model
 

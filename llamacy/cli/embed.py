@@ -42,12 +42,7 @@ def read_inputs(text: str | None, file: Path | None) -> list[str]:
 
 def embed(
     text: str = typer.Argument(None, help="The text to embed; '-' reads it from stdin."),
-    file: Path = typer.Option(
-        None,
-        "--file",
-        "-f",
-        help="Embed each non-empty line of this file ('-': stdin), one output line each.",
-    ),
+    file: Path = typer.Option(None, "--file", "-f", help="Embed each non-empty line ('-': stdin's lines)."),
     model: str = opt.MODEL,
     ctx_size: int = opt.CTX,
     threads: int = opt.THREADS,

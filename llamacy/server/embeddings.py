@@ -1,7 +1,7 @@
 """Embeddings for the HTTP APIs (OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embeddings): one
 llamacy.embedding.Embedder per served model, made on first use, run off the event loop.
 
-The embedder has its own one-sequence model over the same memory-mapped weights, so embedding does not
+The embedder has its own one-sequence model over the scheduler's bound weights, so embedding does not
 take a generation slot; its layer loop runs alone when the scheduler's thread team is busy.
 """
 
@@ -30,8 +30,9 @@ def _embedder(served: ServedModel) -> Embedder:
     with _lock:
         emb = _embedders.get(model)
         if emb is None:
+            sched = served.scheduler
             emb = _embedders[model] = Embedder(
-                model.gguf, model.cfg, served.scheduler.n_ctx, served.scheduler.n_threads
+                model.gguf, model.cfg, sched.n_ctx, sched.n_threads, weights=model.weights
             )
         return emb
 

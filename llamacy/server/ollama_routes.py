@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,8 +131,8 @@ async def _answer(
     call: gen.Generation,
     stream: bool,
     want_lp: bool,
-    part: Any,
-    final: Any,
+    part: Callable[[str], dict[str, Any]],
+    final: Callable[[Done, str], dict[str, Any]],
 ) -> Response:
     """Stream NDJSON lines or answer one object. part(text) -> the fields of a piece of the answer;
     final(done, text) -> the fields of the last object (text: the whole answer, or "" when streamed)."""

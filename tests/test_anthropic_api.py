@@ -78,7 +78,7 @@ def assert_anthropic_error(r: httpx.Response, status: int, kind: str, fragment: 
     body = r.json()
     assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
     assert body["error"]["type"] == kind and fragment.lower() in body["error"]["message"].lower(), body
-    assert body["request_id"].startswith("req_")
+    assert body["request_id"].startswith("req_") and r.headers["request-id"] == body["request_id"]
 
 
 # ---- messages ----------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_turns_prefill_and_count_tokens(client, oai, llm):
 def test_errors_in_anthropics_shape(client, http):
     with pytest.raises(anthropic.NotFoundError) as e:
         client.messages.create(model="claude-nope", max_tokens=5, messages=MSGS)
-    assert e.value.body["error"]["type"] == "not_found_error"
+    assert e.value.body["error"]["type"] == "not_found_error" and e.value.request_id.startswith("req_")
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(
             model="tiny",

@@ -56,7 +56,9 @@ def _status(e: APIError) -> int:
 
 def _error(e: APIError) -> JSONResponse:
     status = _status(e)
-    return JSONResponse(_error_body(status, e.message), status_code=status, headers=e.headers)
+    body = _error_body(status, e.message)
+    headers = {**(e.headers or {}), "request-id": body["request_id"]}  # where the client reads it
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _failure(ev: Failed) -> APIError:

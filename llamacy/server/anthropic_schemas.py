@@ -121,7 +121,7 @@ class _Common(_Strict):
 
 
 class CountTokensRequest(_Common):
-    pass
+    """The prompt alone: generation fields (max_tokens, stop_sequences, ...) are refused, as Anthropic does."""
 
 
 class MessagesRequest(_Common):

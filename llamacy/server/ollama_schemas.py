@@ -28,7 +28,7 @@ class _Body(BaseModel):
 
 
 def _check_keep_alive(value: KeepAlive | None) -> None:
-    # Accepted for compatibility; llamacy keeps a served model loaded for the server's lifetime.
+    # Accepted for compatibility, no effect: when models unload is `llamacy serve`'s to say (--idle-unload).
     if isinstance(value, str) and not _DURATION.match(value):
         raise APIError(400, f'keep_alive: invalid duration {value!r} (e.g. "5m", "1h", -1)')
 

@@ -67,7 +67,7 @@ def _failure(ev: Failed) -> APIError:
 
 async def _prompt(served: ServedModel, body: CountTokensRequest | MessagesRequest) -> list[int]:
     conv = body.conversation()
-    return await gen.encode_chat(served, conv.messages, conv.prefill)
+    return await gen.encode_chat(served, conv.messages, prefill=conv.prefill)
 
 
 def _stop(done: Done, body: MessagesRequest) -> tuple[str, str | None]:

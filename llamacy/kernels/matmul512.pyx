@@ -37,18 +37,18 @@
 # legacy types with n_tok == 1. K-quant decode (a row's super-block unpacking dominates it, and in a whole
 # model it streams from memory) and the float types stay on the AVX2 kernels (mm512 returns 0), as does a
 # call whose repack buffer cannot be allocated.
-from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.quant cimport block_q8a, block_q8k
+from llamacy.kernels.kunpack cimport unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
+from llamacy.kernels.traits cimport mm_try_fn, type_traits, writable_traits
 
-# Each thread that calls mm512 keeps one buffer for the repacked rows of the work items of its calls (one
-# slice per OpenMP thread), grown when a call needs more and freed when the thread ends: nothing is
-# allocated in the steady state, no page is faulted in per call, and the repacked rows need no stack.
+# Each thread that calls mm512 keeps one buffer for the repacked rows of its work items, grown when a call
+# needs more and freed when the thread ends: nothing is allocated in the steady state, no page is faulted in
+# per call, and the repacked rows need no stack.
 cdef extern from *:
     """
     #include <pthread.h>
@@ -464,16 +464,8 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
 
 
 # =========================================================================================================
-# K-quants (ACT_Q8K activations). The unpacked form and the dot are matmul.pyx's (see its comments there):
+# K-quants (ACT_Q8K activations). The unpacked form is kunpack.pxd's, the dot mm_avx2.pyx's kdot:
 #   value_j = d * sc_g * u_j - doff * off_g,  dot = d_x * (d * sum_g sc_g sum u q - doff * sum_g off_g bsum_g)
-
-
-cdef inline __m256i move_bit(__m256i v, int frm, int to) noexcept nogil:
-    if frm > to:
-        return _mm256_srli_epi16(v, frm - to)
-    elif frm < to:
-        return _mm256_slli_epi16(v, to - frm)
-    return v
 
 
 # The 16 group scales S (int16) -> scx: step j's vector is S[2j] x 8 then S[2j+1] x 8 (one vpermw).
@@ -486,106 +478,12 @@ cdef inline void expand_scales(__m256i S, int16_t* scx) noexcept nogil:
                               0x10001 * (2 * j + 1)), S))
 
 
-# Q4_K/Q5_K: the 12 packed bytes -> 8 scales (bytes 0..7) and 8 mins (bytes 8..15), in SSE registers
-# (matmul.pyx does it with 32-bit words). Reads 16 bytes from `packed`: the 4 after the scales are the
-# block's first quants, unused.
-#   sc 0..3 = q[0..3] & 63          sc 4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4
-#   m  0..3 = q[4..7] & 63          m  4..7 = (q[8..11] >> 4) | (q[4..7] >> 6) << 4
-cdef inline __m128i k4_scales_mins(const uint8_t* packed) noexcept nogil:
-    cdef __m128i q = _mm_loadu_si128(<const __m128i*>packed)
-    cdef __m128i a = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11))
-    cdef __m128i h = _mm_shuffle_epi8(q, _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3,
-                                                       -128, -128, -128, -128, 4, 5, 6, 7))
-    cdef __m128i lo = _mm_or_si128(
-        _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-        _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)))
-    # (h >> 6) << 4 per byte: a 16-bit shift by 2, keeping bits 4..5 (what crosses bytes lands in 6..7)
-    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_setr_epi8(
-        0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30)))
-
-
-cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
-    cdef uint32_t a0, a1, a2
-    memcpy(&a0, packed, 4)
-    memcpy(&a1, packed + 4, 4)
-    memcpy(&a2, packed + 8, 4)
-    return _mm_set_epi32(
-        <int>(((a1 >> 4) & 0x0f0f0f0f) | (((a2 >> 6) & 0x03030303) << 4)),
-        <int>(((a0 >> 4) & 0x0f0f0f0f) | (((a2 >> 4) & 0x03030303) << 4)),
-        <int>((a1 & 0x0f0f0f0f) | (((a2 >> 2) & 0x03030303) << 4)),
-        <int>((a0 & 0x0f0f0f0f) | ((a2 & 0x03030303) << 4)))
-
-
-# One super-block into slot r of record k (matmul.pyx's unpack_k).
-cdef inline void unpack_k(const kblock* b, krec* k, int r, bint expand) noexcept nogil:
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i v, hb, a, c, S, O
-    cdef __m128i sm
-    cdef __m128 dd
-    cdef uint8_t* u = k.u[r]
-    cdef int j, n
-    if kblock is block_q2_K:
-        for n in range(2):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
-            for j in range(4):
-                _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32 * j),
-                                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)))
-        v = _mm256_cvtepu8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
-        S = _mm256_and_si256(v, _mm256_set1_epi16(0xF))
-        O = _mm256_srli_epi16(v, 4)
-        k.d[r] = fp16(b.d)
-        k.doff[r] = fp16(b.dmin)
-    elif kblock is block_q3_K:
-        hb = _mm256_loadu_si256(<const __m256i*>b.hmask)
-        for n in range(2):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
-            for j in range(4):
-                _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32 * j), _mm256_or_si256(
-                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)),
-                    _mm256_and_si256(move_bit(hb, 4 * n + j, 2), _mm256_set1_epi8(4))))
-        S = _mm256_sub_epi16(_mm256_cvtepu8_epi16(k3_scales(b.scales)), _mm256_set1_epi16(32))
-        O = _mm256_slli_epi16(S, 2)
-        k.d[r] = fp16(b.d)
-        k.doff[r] = k.d[r]
-    elif kblock is block_q4_K or kblock is block_q5_K:
-        if kblock is block_q5_K:
-            hb = _mm256_loadu_si256(<const __m256i*>b.qh)
-        for j in range(4):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
-            a = _mm256_and_si256(v, m4)
-            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-            if kblock is block_q5_K:
-                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
-                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
-            _mm256_storeu_si256(<__m256i*>(u + 64 * j), a)
-            _mm256_storeu_si256(<__m256i*>(u + 64 * j + 32), c)
-        sm = k4_scales_mins(b.scales)
-        O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
-        dd = _mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>b)))  # [d, dmin, ., .]
-        k.d[r] = _mm_cvtss_f32(dd)
-        k.doff[r] = _mm_cvtss_f32(_mm_movehdup_ps(dd))
-        # one scale per 32-value step: 8 int32 pairs (sc << 16 | sc) instead of 8 vectors (ktile broadcasts)
-        S = _mm256_cvtepu8_epi32(sm)
-        S = _mm256_or_si256(S, _mm256_slli_epi32(S, 16))
-    elif kblock is block_q6_K:
-        for n in range(2):
-            a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
-            c = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n + 32))
-            hb = _mm256_loadu_si256(<const __m256i*>(b.qh + 32 * n))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n), _mm256_or_si256(
-                _mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30))))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32), _mm256_or_si256(
-                _mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 64), _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, _mm256_set1_epi8(0x30))))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 96), _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
-        S = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
-        O = _mm256_slli_epi16(S, 5)
-        k.d[r] = fp16(b.d)
-        k.doff[r] = k.d[r]
+# One super-block into slot r of record k: kunpack.pxd's form, the scales as krec keeps them.
+cdef inline void unpack_kr(const kblock* b, krec* k, int r, bint expand) noexcept nogil:
+    cdef __m256i S, O
+    unpack_k(b, k.u[r], &S, &O, &k.d[r], &k.doff[r])
     _mm256_storeu_si256(<__m256i*>k.off[r], O)
+    # Q4_K/Q5_K: S holds each sub-block's scale twice, i.e. the int32 pairs (sc << 16 | sc) ktile broadcasts
     if kblock is block_q4_K or kblock is block_q5_K or not expand:
         _mm256_storeu_si256(<__m256i*>k.scx[r], S)
     else:
@@ -595,7 +493,7 @@ cdef inline void unpack_k(const kblock* b, krec* k, int r, bint expand) noexcept
 cdef void repack_k(const kblock* w, Py_ssize_t nb, krec* dst, int r, bint expand) noexcept nogil:
     cdef Py_ssize_t b
     for b in range(nb):
-        unpack_k(w + b, dst + b, r, expand)
+        unpack_kr(w + b, dst + b, r, expand)
 
 
 cdef void repack_k_empty(Py_ssize_t nb, krec* dst, int r) noexcept nogil:
@@ -749,15 +647,14 @@ cdef void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X
         t0 = t1
 
 
-# bufs: nthreads slices of `stride` bytes, one per thread.
+# buf: the repacked rows of one work item (G rows).
 cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
-                     float* Y, Py_ssize_t ldy, int nthreads, Py_ssize_t G, char* bufs,
-                     Py_ssize_t stride) noexcept nogil:
+                     float* Y, Py_ssize_t ldy, Py_ssize_t G, char* buf) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
     cdef Py_ssize_t rec = sizeof(krec) if qblock is block_q2_K or qblock is block_q3_K \
         or qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K else sizeof(lrec)
     for g in range(ngroups):
-        q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs, rec)
+        q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, buf, rec)
 
 
 # Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at
@@ -784,7 +681,7 @@ cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, co
 
 
 cdef void mm_raw(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
-                 float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+                 float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
     for g in range(ngroups):
         l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
@@ -802,8 +699,8 @@ cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb,
             r += 1
 
 
-cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, float* Y,
-                    int nthreads) noexcept nogil:
+cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+                    float* Y) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
     for g in range(ngroups):
         l_decode_group(W, rows, nb, X, Y, g)
@@ -820,84 +717,54 @@ cdef inline Py_ssize_t group_rows(Py_ssize_t row_bytes) noexcept nogil:
     return tiles * R
 
 
-cdef int mm512(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
-               Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
-    cdef bint legacy = (wtype == T_Q4_0 or wtype == T_Q4_1 or wtype == T_Q5_0 or wtype == T_Q5_1
-                        or wtype == T_Q8_0)
-    cdef bint kq = (wtype == T_Q2_K or wtype == T_Q3_K or wtype == T_Q4_K or wtype == T_Q5_K
-                    or wtype == T_Q6_K)
-    cdef Py_ssize_t nb, G, rec, stride
-    cdef char* bufs
-    cdef const block_q8a* Xa = <const block_q8a*>xq
-    if rows <= 0 or n_tok <= 0 or not (legacy or kq):
+# The VNNI product of one quantized type (the mm_vnni column of traits.pyx); 0 where it leaves the case to
+# the AVX2 kernels: K-quant decode, or no memory for the repacked rows.
+cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok, float* Y,
+               Py_ssize_t ldy) noexcept nogil:
+    cdef bint kq = qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K \
+        or qblock is block_q5_K or qblock is block_q6_K
+    cdef Py_ssize_t nb = cols // (QK_K if kq else QK8_0)
+    cdef Py_ssize_t G, rec
+    cdef char* buf
+    if rows <= 0 or n_tok <= 0 or nb <= 0:
         return 0
-    if nthreads < 1:
-        nthreads = 1
-    nb = cols // (QK8_0 if legacy else QK_K)
-    if nb <= 0:
+    if qblock is block_q4_0 or qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 \
+            or qblock is block_q8_0:
+        if n_tok == 1:
+            mm_decode(W, rows, nb, <const block_q8a*>X, Y)
+            return 1
+        if n_tok <= RAW_TOK:
+            mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
+            return 1
+    elif n_tok == 1:
         return 0
-    if n_tok == 1:
-        if not legacy:
-            return 0
-        if wtype == T_Q4_0:
-            mm_decode(<const block_q4_0*>W, rows, nb, Xa, Y, nthreads)
-        elif wtype == T_Q4_1:
-            mm_decode(<const block_q4_1*>W, rows, nb, Xa, Y, nthreads)
-        elif wtype == T_Q5_0:
-            mm_decode(<const block_q5_0*>W, rows, nb, Xa, Y, nthreads)
-        elif wtype == T_Q5_1:
-            mm_decode(<const block_q5_1*>W, rows, nb, Xa, Y, nthreads)
-        else:
-            mm_decode(<const block_q8_0*>W, rows, nb, Xa, Y, nthreads)
-        return 1
-    if legacy and n_tok <= RAW_TOK:
-        if wtype == T_Q4_0:
-            mm_raw(<const block_q4_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        elif wtype == T_Q4_1:
-            mm_raw(<const block_q4_1*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        elif wtype == T_Q5_0:
-            mm_raw(<const block_q5_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        elif wtype == T_Q5_1:
-            mm_raw(<const block_q5_1*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        else:
-            mm_raw(<const block_q8_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        return 1
-    rec = sizeof(lrec) if legacy else sizeof(krec)
+    rec = sizeof(krec) if kq else sizeof(lrec)
     G = group_rows(nb * rec // R)
-    stride = (G // R * nb * rec + 63) // 64 * 64
-    bufs = <char*>lc_scratch(stride * nthreads)
-    if bufs == NULL:
+    buf = <char*>lc_scratch(G // R * nb * rec)
+    if buf == NULL:
         return 0  # out of memory: AVX2 needs none
-    if wtype == T_Q4_0:
-        mm_prefill(<const block_q4_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q4_1:
-        mm_prefill(<const block_q4_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q5_0:
-        mm_prefill(<const block_q5_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q5_1:
-        mm_prefill(<const block_q5_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q8_0:
-        mm_prefill(<const block_q8_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q2_K:
-        mm_prefill(<const block_q2_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q3_K:
-        mm_prefill(<const block_q3_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q4_K:
-        mm_prefill(<const block_q4_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q5_K:
-        mm_prefill(<const block_q5_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    else:
-        mm_prefill(<const block_q6_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    mm_prefill(W, rows, nb, X, n_tok, Y, ldy, G, buf)
     return 1
 
 
 # =========================================================================================================
-# Python surface: only the address of mm512, for matmul.pyx (see matmul512.pxd). Importing this module runs
-# no AVX-512 code of its own; still, matmul imports it only on a CPU that has AVX-512.
-
-MM512_CAPSULE = "llamacy.kernels.matmul512.mm512"
+# Python surface: matmul.pyx calls fill_traits once, on a CPU that has AVX-512 F/BW/VL + VNNI. Importing
+# this module runs no AVX-512 code of its own; still, matmul imports it only on such a CPU.
 
 
-def kernel_capsule():
-    """A PyCapsule holding the address of mm512 (an mm512_fn), named MM512_CAPSULE."""
-    return PyCapsule_New(<void*>mm512, "llamacy.kernels.matmul512.mm512", NULL)
+cdef void vnni(int wtype, mm_try_fn fn) noexcept:
+    writable_traits(wtype).mm_vnni = fn
+
+
+def fill_traits():
+    """Write these kernels into the traits table's mm_vnni column."""
+    vnni(T_Q4_0, <mm_try_fn>mm512[block_q4_0])
+    vnni(T_Q4_1, <mm_try_fn>mm512[block_q4_1])
+    vnni(T_Q5_0, <mm_try_fn>mm512[block_q5_0])
+    vnni(T_Q5_1, <mm_try_fn>mm512[block_q5_1])
+    vnni(T_Q8_0, <mm_try_fn>mm512[block_q8_0])
+    vnni(T_Q2_K, <mm_try_fn>mm512[block_q2_K])
+    vnni(T_Q3_K, <mm_try_fn>mm512[block_q3_K])
+    vnni(T_Q4_K, <mm_try_fn>mm512[block_q4_K])
+    vnni(T_Q5_K, <mm_try_fn>mm512[block_q5_K])
+    vnni(T_Q6_K, <mm_try_fn>mm512[block_q6_K])

@@ -143,6 +143,14 @@ cdef inline float fp16(unsigned short h) noexcept nogil:
     return _cvtsh_ss(h)
 
 
+# bfloat16 is the upper half of an IEEE single: exact.
+cdef inline float bf16_to_f32(unsigned short h) noexcept nogil:
+    cdef uint32_t bits = (<uint32_t>h) << 16
+    cdef float f
+    memcpy(&f, &bits, 4)
+    return f
+
+
 # ---- block unpacking shared by the AVX2 and AVX-512 kernels ------------------------------------------
 
 

@@ -170,16 +170,5 @@ ctypedef fused fblock:
 
 # Every weight type the kernels compute with:
 ctypedef fused wblock:
-    float
-    block_f16
-    block_bf16
-    block_q4_0
-    block_q4_1
-    block_q5_0
-    block_q5_1
-    block_q8_0
-    block_q2_K
-    block_q3_K
-    block_q4_K
-    block_q5_K
-    block_q6_K
+    fblock
+    qblock

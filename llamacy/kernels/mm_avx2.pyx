@@ -19,6 +19,7 @@ from libc.stdint cimport int16_t, int32_t, uint8_t
 from llamacy.kernels.blocks cimport *
 from llamacy.kernels.kunpack cimport unpack_k
 from llamacy.kernels.simd cimport *
+from llamacy.kernels.values cimport fvalue
 
 # Tile shapes (see the header comment). MAXR/MAXT bound the register arrays.
 cdef enum:
@@ -278,15 +279,6 @@ cdef inline __m256 load8(const fblock* p) noexcept nogil:
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(<const __m128i*>p)), 16))
 
 
-cdef inline float load1(const fblock* p) noexcept nogil:
-    if fblock is float:
-        return p[0]
-    elif fblock is block_f16:
-        return fp16(p[0].bits)
-    else:
-        return bf16_to_f32(p[0].bits)
-
-
 cdef void tile_f(const fblock* w, const tshape* shape, const float* x, Py_ssize_t cols,
                  float* out, Py_ssize_t ldo) noexcept nogil:
     cdef int R = shape_rows(shape)
@@ -316,7 +308,7 @@ cdef void tile_f(const fblock* w, const tshape* shape, const float* x, Py_ssize_
         for t in range(T):
             tail = 0.0
             for k in range(k8, cols):
-                tail += load1(w + r * cols + k) * x[t * cols + k]
+                tail += fvalue(w + r * cols + k) * x[t * cols + k]
             out[t * ldo + r] = hsum8(acc[r][t]) + tail
 
 

@@ -64,25 +64,6 @@ cdef void q_q8_0(const float* x, void* out, Py_ssize_t nvals, bint lanes) noexce
         x += 32
 
 
-cdef void q_q4_0(const float* x, void* out, Py_ssize_t nvals, bint lanes) noexcept nogil:
-    cdef block_q4_0* y = <block_q4_0*>out
-    cdef Py_ssize_t nb = nvals // 32
-    cdef Py_ssize_t i, j
-    cdef float amax, d, id, x0, x1
-    cdef int q0, q1
-    for i in range(nb):
-        d = signed_amax(x, 32, &amax) / -8
-        id = <float>1.0 / d if d != 0 else <float>0.0
-        y[i].d = fp16(d)
-        for j in range(16):
-            x0 = x[j] * id
-            x1 = x[16 + j] * id
-            q0 = imin(15, <int>(x0 + <float>8.5))
-            q1 = imin(15, <int>(x1 + <float>8.5))
-            y[i].qs[j] = <uint8_t>(q0 | (q1 << 4))
-        x += 32
-
-
 cdef inline void min_max(const float* x, int n, float* mn, float* mx) noexcept nogil:
     cdef float lo = FLT_MAX, hi = -FLT_MAX
     cdef int j
@@ -95,75 +76,43 @@ cdef inline void min_max(const float* x, int n, float* mn, float* mx) noexcept n
     mx[0] = hi
 
 
-cdef void q_q4_1(const float* x, void* out, Py_ssize_t nvals, bint lanes) noexcept nogil:
-    cdef block_q4_1* y = <block_q4_1*>out
-    cdef Py_ssize_t nb = nvals // 32
+# The 4- and 5-bit legacy types, with b bits and qmax = 2^b - 1:
+#   Q4_0, Q5_0: d = (the value of largest magnitude) / -2^(b-1), q = min(qmax, trunc(x / d + 2^(b-1) + 0.5));
+#   Q4_1, Q5_1: d = (max - min) / qmax, m = min, q = min(qmax, trunc((x - m) / d + 0.5)) (ggml has no clamp
+#     there, (max - min)/qmax * qmax rounding to at most qmax + 0.5; the oracle clips, so do we).
+# Value j in the low nibble of qs[j], value j + 16 in the high one; the 5th bits in qh.
+cdef void q_legacy(const float* x, l45block* y, Py_ssize_t nvals, bint lanes) noexcept nogil:
+    cdef bint with_min = l45block is block_q4_1 or l45block is block_q5_1
+    cdef int qmax = 15 if l45block is block_q4_0 or l45block is block_q4_1 else 31
+    cdef float half = <float>0.5 if with_min else (<float>8.5 if qmax == 15 else <float>16.5)
     cdef Py_ssize_t i, j
-    cdef float mn, mx, d, id, x0, x1
-    cdef int q0, q1
-    for i in range(nb):
-        min_max(x, 32, &mn, &mx)
-        d = (mx - mn) / 15
-        id = <float>1.0 / d if d != 0 else <float>0.0
-        y[i].d = fp16(d)
-        y[i].m = fp16(mn)
-        for j in range(16):
-            x0 = (x[j] - mn) * id
-            x1 = (x[16 + j] - mn) * id
-            q0 = imin(15, <int>(x0 + <float>0.5))
-            q1 = imin(15, <int>(x1 + <float>0.5))
-            y[i].qs[j] = <uint8_t>(q0 | (q1 << 4))
-        x += 32
-
-
-cdef void q_q5_0(const float* x, void* out, Py_ssize_t nvals, bint lanes) noexcept nogil:
-    cdef block_q5_0* y = <block_q5_0*>out
-    cdef Py_ssize_t nb = nvals // 32
-    cdef Py_ssize_t i, j
-    cdef float amax, d, id, x0, x1
+    cdef float amax, mn, mx, d, id, x0, x1
     cdef int q0, q1
     cdef uint32_t qh
-    for i in range(nb):
-        d = signed_amax(x, 32, &amax) / -16
+    for i in range(nvals // 32):
+        if l45block is block_q4_1 or l45block is block_q5_1:
+            min_max(x, 32, &mn, &mx)
+            d = (mx - mn) / qmax
+            y[i].m = fp16(mn)
+        else:
+            d = signed_amax(x, 32, &amax) / -((qmax + 1) // 2)
         id = <float>1.0 / d if d != 0 else <float>0.0
         y[i].d = fp16(d)
         qh = 0
         for j in range(16):
-            x0 = x[j] * id
-            x1 = x[16 + j] * id
-            q0 = imin(31, <int>(x0 + <float>16.5))
-            q1 = imin(31, <int>(x1 + <float>16.5))
+            if l45block is block_q4_1 or l45block is block_q5_1:
+                x0 = (x[j] - mn) * id
+                x1 = (x[16 + j] - mn) * id
+            else:
+                x0 = x[j] * id
+                x1 = x[16 + j] * id
+            q0 = imin(qmax, <int>(x0 + half))
+            q1 = imin(qmax, <int>(x1 + half))
             y[i].qs[j] = <uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4))
             qh |= (<uint32_t>(q0 & 0x10) >> 4) << j
             qh |= (<uint32_t>(q1 & 0x10) >> 4) << (j + 16)
-        memcpy(y[i].qh, &qh, 4)
-        x += 32
-
-
-cdef void q_q5_1(const float* x, void* out, Py_ssize_t nvals, bint lanes) noexcept nogil:
-    cdef block_q5_1* y = <block_q5_1*>out
-    cdef Py_ssize_t nb = nvals // 32
-    cdef Py_ssize_t i, j
-    cdef float mn, mx, d, id, x0, x1
-    cdef int q0, q1
-    cdef uint32_t qh
-    for i in range(nb):
-        min_max(x, 32, &mn, &mx)
-        d = (mx - mn) / 31
-        id = <float>1.0 / d if d != 0 else <float>0.0
-        y[i].d = fp16(d)
-        y[i].m = fp16(mn)
-        qh = 0
-        for j in range(16):
-            x0 = (x[j] - mn) * id
-            x1 = (x[16 + j] - mn) * id
-            # ggml has no clamp here ((max-min)/31 * 31 rounds to at most 31.5); the oracle clips, so do we.
-            q0 = imin(31, <int>(x0 + <float>0.5))
-            q1 = imin(31, <int>(x1 + <float>0.5))
-            y[i].qs[j] = <uint8_t>((q0 & 0x0F) | ((q1 & 0x0F) << 4))
-            qh |= (<uint32_t>(q0 & 0x10) >> 4) << j
-            qh |= (<uint32_t>(q1 & 0x10) >> 4) << (j + 16)
-        memcpy(y[i].qh, &qh, 4)
+        if l45block is block_q5_0 or l45block is block_q5_1:
+            memcpy(y[i].qh, &qh, 4)
         x += 32
 
 

@@ -10,7 +10,7 @@ from llamacy.kernels.blocks cimport *
 from llamacy.kernels.dequant cimport *
 from llamacy.kernels.mm_avx2 cimport mm_avx2
 from llamacy.kernels.quantize_rows cimport *
-from llamacy.kernels.traits cimport mm_fn, to_float_fn, type_traits, vec_dot_fn
+from llamacy.kernels.traits cimport from_float_fn, mm_fn, to_float_fn, type_traits, vec_dot_fn
 from llamacy.kernels.vecdot cimport *
 
 from llamacy import ggml_types
@@ -38,13 +38,17 @@ row(T_F16,  "F16",  1,      sizeof(block_f16),  ACT_F32, <to_float_fn>deq_float[
     <vec_dot_fn>vd_float[block_f16], <mm_fn>mm_avx2[block_f16])
 row(T_BF16, "BF16", 1,      sizeof(block_bf16), ACT_F32, <to_float_fn>deq_float[block_bf16], q_bf16,
     <vec_dot_fn>vd_float[block_bf16], <mm_fn>mm_avx2[block_bf16])
-row(T_Q4_0, "Q4_0", QK4_0,  sizeof(block_q4_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q4_0], q_q4_0,
+row(T_Q4_0, "Q4_0", QK4_0,  sizeof(block_q4_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q4_0],
+    <from_float_fn>q_legacy[block_q4_0],
     <vec_dot_fn>vd_legacy[block_q4_0], <mm_fn>mm_avx2[block_q4_0])
-row(T_Q4_1, "Q4_1", QK4_1,  sizeof(block_q4_1), ACT_Q8A, <to_float_fn>deq_legacy[block_q4_1], q_q4_1,
+row(T_Q4_1, "Q4_1", QK4_1,  sizeof(block_q4_1), ACT_Q8A, <to_float_fn>deq_legacy[block_q4_1],
+    <from_float_fn>q_legacy[block_q4_1],
     <vec_dot_fn>vd_legacy[block_q4_1], <mm_fn>mm_avx2[block_q4_1])
-row(T_Q5_0, "Q5_0", QK5_0,  sizeof(block_q5_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q5_0], q_q5_0,
+row(T_Q5_0, "Q5_0", QK5_0,  sizeof(block_q5_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q5_0],
+    <from_float_fn>q_legacy[block_q5_0],
     <vec_dot_fn>vd_legacy[block_q5_0], <mm_fn>mm_avx2[block_q5_0])
-row(T_Q5_1, "Q5_1", QK5_1,  sizeof(block_q5_1), ACT_Q8A, <to_float_fn>deq_legacy[block_q5_1], q_q5_1,
+row(T_Q5_1, "Q5_1", QK5_1,  sizeof(block_q5_1), ACT_Q8A, <to_float_fn>deq_legacy[block_q5_1],
+    <from_float_fn>q_legacy[block_q5_1],
     <vec_dot_fn>vd_legacy[block_q5_1], <mm_fn>mm_avx2[block_q5_1])
 row(T_Q8_0, "Q8_0", QK8_0,  sizeof(block_q8_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q8_0], q_q8_0,
     <vec_dot_fn>vd_legacy[block_q8_0], <mm_fn>mm_avx2[block_q8_0])

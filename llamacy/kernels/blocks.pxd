@@ -144,6 +144,11 @@ ctypedef fused kblock:
     block_q5_K
     block_q6_K
 
+# The K-quants whose low bits are 2-bit fields, 16 groups of 16 values:
+ctypedef fused k23block:
+    block_q2_K
+    block_q3_K
+
 # The K-quants with 8 sub-blocks of 32 values, a 6-bit scale and min each:
 ctypedef fused k45block:
     block_q4_K

@@ -8,7 +8,7 @@ from libc.string cimport memcpy
 
 from llamacy.kernels.blocks cimport *
 from llamacy.kernels.simd cimport fp16, lc_no_contract
-from llamacy.kernels.values cimport fvalue, k45value, lvalue, q3k_scale, scale_min_k4
+from llamacy.kernels.values cimport fvalue, k23value, k45value, lvalue, q3k_scale, scale_min_k4
 
 
 cdef void deq_float(const fblock* src, float* y, Py_ssize_t n) noexcept nogil:
@@ -36,43 +36,26 @@ cdef void deq_legacy(const lblock* b, float* y, Py_ssize_t nvals) noexcept nogil
         y += 32
 
 
-cdef void deq_q2_K(const void* src, float* y, Py_ssize_t nvals) noexcept nogil:
-    cdef const block_q2_K* b = <const block_q2_K*>src
-    cdef Py_ssize_t nb = nvals // QK_K
-    cdef Py_ssize_t i, n, k, l, s
+cdef void deq_k23(const k23block* b, float* y, Py_ssize_t nvals) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef int n, k, l, s
     cdef float d, dmin, dl, ml
-    cdef const uint8_t* q
-    for i in range(nb):
+    for i in range(nvals // QK_K):
         d = fp16(b[i].d)
-        dmin = fp16(b[i].dmin)
+        if k23block is block_q2_K:
+            dmin = fp16(b[i].dmin)
         for n in range(2):  # two halves of 128 values, 32 bytes of qs each
-            q = b[i].qs + 32 * n
-            for k in range(4):  # 2-bit fields at shift 2k: 32 values each, two sub-blocks of 16
+            for k in range(4):  # 2-bit fields at shift 2k: 32 values each, two groups of 16
                 for s in range(2):
-                    dl = d * <float>(b[i].scales[8 * n + 2 * k + s] & 0xF)
-                    ml = dmin * <float>(b[i].scales[8 * n + 2 * k + s] >> 4)
-                    for l in range(16 * s, 16 * s + 16):
-                        y[l] = lc_no_contract(dl * <float>((q[l] >> (2 * k)) & 3)) - ml
-                y += 32
-
-
-cdef void deq_q3_K(const void* src, float* y, Py_ssize_t nvals) noexcept nogil:
-    cdef const block_q3_K* b = <const block_q3_K*>src
-    cdef Py_ssize_t nb = nvals // QK_K
-    cdef Py_ssize_t i, n, k, l, s
-    cdef float d, dl
-    cdef const uint8_t* q
-    cdef uint8_t m
-    for i in range(nb):
-        d = fp16(b[i].d)
-        for n in range(2):
-            q = b[i].qs + 32 * n
-            for k in range(4):
-                m = 1 << (4 * n + k)
-                for s in range(2):
-                    dl = d * <float>q3k_scale(b[i].scales, 8 * n + 2 * k + s)
-                    for l in range(16 * s, 16 * s + 16):
-                        y[l] = dl * <float>(((q[l] >> (2 * k)) & 3) - (0 if b[i].hmask[l] & m else 4))
+                    if k23block is block_q2_K:
+                        dl = d * <float>(b[i].scales[8 * n + 2 * k + s] & 0xF)
+                        ml = dmin * <float>(b[i].scales[8 * n + 2 * k + s] >> 4)
+                        for l in range(16 * s, 16 * s + 16):
+                            y[l] = lc_no_contract(dl * <float>k23value(b + i, n, k, l)) - ml
+                    else:
+                        dl = d * <float>q3k_scale(b[i].scales, 8 * n + 2 * k + s)
+                        for l in range(16 * s, 16 * s + 16):
+                            y[l] = dl * <float>k23value(b + i, n, k, l)
                 y += 32
 
 

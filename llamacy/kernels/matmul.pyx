@@ -141,9 +141,8 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         return
     if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
         # Decode and small batches stream the weights from memory: one contiguous range per thread keeps
-        # each thread's reads one sequential stream for the prefetchers (eight interleaved chunks per
-        # thread were 13% slower in 2-thread SmolLM2 decode). Prefill is compute-bound: eight chunks per
-        # thread, so that a thread the OS runs late costs the others little.
+        # each thread's reads one sequential stream for the prefetchers. Prefill is compute-bound: eight
+        # chunks per thread, so that a thread the OS runs late costs the others little.
         per_thread = 1 if n_tok <= 8 else 8
         job.W = W
         job.wtype = wtype

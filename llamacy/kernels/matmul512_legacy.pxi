@@ -84,7 +84,7 @@ cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
 # (Q4_1/Q5_1) ms[t][r] += m_w[r] * s_x[t]. Two tokens per 256-bit multiply: dx8 and mv8 hold the 4 rows'
 # d and m twice, [d0..d3, d0..d3], against [d_x(t) x 4, d_x(t+1) x 4]. The same products and sums in the
 # same order as one SSE multiply per token (each lane is its own (row, token)), in half the multiplies:
-# these share the two pipes that every dpbusd and FMA of the tile needs, and made a third of its time.
+# these share the two pipes that every dpbusd and FMA of the tile needs.
 # ms01 holds the min terms of tokens 0 (low half) and 1, ms23 those of 2 and 3; an odd last token uses ms.
 cdef inline void scale_products(const lblock* tag, const tshape* shape, __m256 dx8, __m256 mv8,
                                 const block_q8a* yb, Py_ssize_t nb, float* sc, __m128* ms,

@@ -52,8 +52,10 @@ row(T_Q5_1, "Q5_1", QK5_1,  sizeof(block_q5_1), ACT_Q8A, <to_float_fn>deq_legacy
     <vec_dot_fn>vd_legacy[block_q5_1], <mm_fn>mm_avx2[block_q5_1])
 row(T_Q8_0, "Q8_0", QK8_0,  sizeof(block_q8_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q8_0], q_q8_0,
     <vec_dot_fn>vd_legacy[block_q8_0], <mm_fn>mm_avx2[block_q8_0])
-row(T_Q2_K, "Q2_K", QK_K,   sizeof(block_q2_K), ACT_Q8K, deq_q2_K, q_q2_K, vd_q2_K, <mm_fn>mm_avx2[block_q2_K])
-row(T_Q3_K, "Q3_K", QK_K,   sizeof(block_q3_K), ACT_Q8K, deq_q3_K, q_q3_K, vd_q3_K, <mm_fn>mm_avx2[block_q3_K])
+row(T_Q2_K, "Q2_K", QK_K,   sizeof(block_q2_K), ACT_Q8K, <to_float_fn>deq_k23[block_q2_K], q_q2_K,
+    <vec_dot_fn>vd_k23[block_q2_K], <mm_fn>mm_avx2[block_q2_K])
+row(T_Q3_K, "Q3_K", QK_K,   sizeof(block_q3_K), ACT_Q8K, <to_float_fn>deq_k23[block_q3_K], q_q3_K,
+    <vec_dot_fn>vd_k23[block_q3_K], <mm_fn>mm_avx2[block_q3_K])
 row(T_Q4_K, "Q4_K", QK_K,   sizeof(block_q4_K), ACT_Q8K, <to_float_fn>deq_k45[block_q4_K], q_q4_K,
     <vec_dot_fn>vd_k45[block_q4_K], <mm_fn>mm_avx2[block_q4_K])
 row(T_Q5_K, "Q5_K", QK_K,   sizeof(block_q5_K), ACT_Q8K, <to_float_fn>deq_k45[block_q5_K], q_q5_K,

@@ -60,3 +60,13 @@ cdef inline int32_t k45value(const k45block* b, int s, int l) noexcept nogil:
     if k45block is block_q5_K:
         q |= ((b.qh[l] >> s) & 1) << 4
     return q
+
+
+# Value 128 n + 32 k + l (n < 2, k < 4, l < 32) of a Q2_K/Q3_K super-block, before its group's scale: the
+# 2-bit field k of qs[32 n + l]; for Q3_K minus 4 where bit 4 n + k of hmask[l] (the high bit) is clear.
+cdef inline int32_t k23value(const k23block* b, int n, int k, int l) noexcept nogil:
+    cdef int32_t q = (b.qs[32 * n + l] >> (2 * k)) & 3
+    if k23block is block_q3_K:
+        if not b.hmask[l] & (1 << (4 * n + k)):
+            q -= 4
+    return q

@@ -8,7 +8,7 @@ from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint32_t
 
 from llamacy.kernels.blocks cimport *
 from llamacy.kernels.simd cimport fp16
-from llamacy.kernels.values cimport fvalue, k45value, lvalue, q3k_scale, scale_min_k4
+from llamacy.kernels.values cimport fvalue, k23value, k45value, lvalue, q3k_scale, scale_min_k4
 
 
 # The legacy types against ACT_Q8A: an integer sum per block, scaled by d_w * d_x; the offset types Q4_1
@@ -40,53 +40,31 @@ cdef float vd_float(const fblock* w, const void* vx, Py_ssize_t cols) noexcept n
     return s
 
 
-cdef float vd_q2_K(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
-    cdef const block_q2_K* w = <const block_q2_K*>vw
+cdef float vd_k23(const k23block* w, const void* vx, Py_ssize_t cols) noexcept nogil:
     cdef const block_q8k* x = <const block_q8k*>vx
     cdef float sumf = 0.0
     cdef int32_t isum, summ, dot
-    cdef Py_ssize_t i, n, k, h, l, g
-    cdef const uint8_t* q
+    cdef Py_ssize_t i
+    cdef int n, k, h, l, g
     for i in range(cols // QK_K):
         isum = 0
         summ = 0
         for n in range(2):  # 128 values from 32 bytes: 2-bit fields at shifts 0, 2, 4, 6
-            q = w[i].qs + 32 * n
             for k in range(4):
                 for h in range(2):  # two groups of 16 per field
                     g = 8 * n + 2 * k + h
                     dot = 0
                     for l in range(16 * h, 16 * h + 16):
-                        dot += ((q[l] >> (2 * k)) & 3) * x[i].qs[128 * n + 32 * k + l]
-                    isum += (w[i].scales[g] & 0xF) * dot
-                    summ += (w[i].scales[g] >> 4) * x[i].bsums[g]
-        sumf += x[i].d * (fp16(w[i].d) * <float>isum - fp16(w[i].dmin) * <float>summ)
-    return sumf
-
-
-cdef float vd_q3_K(const void* vw, const void* vx, Py_ssize_t cols) noexcept nogil:
-    cdef const block_q3_K* w = <const block_q3_K*>vw
-    cdef const block_q8k* x = <const block_q8k*>vx
-    cdef float sumf = 0.0
-    cdef int32_t isum, dot
-    cdef Py_ssize_t i, n, k, h, l, g
-    cdef const uint8_t* q
-    cdef uint8_t m
-    for i in range(cols // QK_K):
-        isum = 0
-        for n in range(2):
-            q = w[i].qs + 32 * n
-            for k in range(4):
-                m = 1 << (4 * n + k)
-                for h in range(2):
-                    g = 8 * n + 2 * k + h
-                    dot = 0
-                    for l in range(16 * h, 16 * h + 16):
-                        # 2 low bits, minus 4 where the high bit (hmask) is clear
-                        dot += (((q[l] >> (2 * k)) & 3) - (0 if w[i].hmask[l] & m else 4)) \
-                            * x[i].qs[128 * n + 32 * k + l]
-                    isum += q3k_scale(w[i].scales, g) * dot
-        sumf += x[i].d * (fp16(w[i].d) * <float>isum)
+                        dot += k23value(w + i, n, k, l) * x[i].qs[128 * n + 32 * k + l]
+                    if k23block is block_q2_K:
+                        isum += (w[i].scales[g] & 0xF) * dot
+                        summ += (w[i].scales[g] >> 4) * x[i].bsums[g]
+                    else:
+                        isum += q3k_scale(w[i].scales, g) * dot
+        if k23block is block_q2_K:
+            sumf += x[i].d * (fp16(w[i].d) * <float>isum - fp16(w[i].dmin) * <float>summ)
+        else:
+            sumf += x[i].d * (fp16(w[i].d) * <float>isum)
     return sumf
 
 

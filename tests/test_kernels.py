@@ -19,7 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from llamacy import ggml_types
 from llamacy.kernels import matmul as mm
-from llamacy.kernels import quant
+from llamacy.kernels import quant, traits
 from llamacy.kernels import quantize as qz
 
 T = GGMLQuantizationType
@@ -129,10 +129,14 @@ def worst(err: np.ndarray, allowed: np.ndarray) -> float:
 
 
 def test_struct_sizes_match_ggml():
-    sizes = quant.struct_sizes()
-    for name, (_, type_size) in ((t.name, GGML_QUANT_SIZES[t]) for t in [*ALL, T.Q8_K]):
-        assert sizes[name] == type_size, name
-    assert sizes["act_q8a"] == 40  # float d, float s, int8 qs[32]
+    """The block structs (their sizeof is the traits table's bytes per block) and the activation blocks."""
+    for t in ALL:
+        assert traits.traits(int(t))["block_bytes"] == GGML_QUANT_SIZES[t][1], t.name
+    assert quant.act_layout(0) == (1, 4)
+    assert quant.act_layout(1) == (32, 40)  # float d, float s, int8 qs[32]
+    assert quant.act_layout(2) == GGML_QUANT_SIZES[T.Q8_K]  # float d, int8 qs[256], int16 bsums[16]
+    with pytest.raises(ValueError, match="activation format"):
+        quant.act_layout(3)
 
 
 def test_block_layout_matches_ggml_types():

@@ -163,8 +163,6 @@ cdef void dequantize_row(int wtype, const uint8_t* src, float* dst, Py_ssize_t c
 # ---------------------------------------------------------------------------------------------------------
 # Python surface (tests, Python callers). Sizes are checked here, before any raw pointer is touched.
 
-HAVE_SIMD_BUILD = bool(HAVE_SIMD)
-
 _IMPLS = {"auto": IMPL_AUTO, "simd": IMPL_SIMD, "scalar": IMPL_SCALAR}
 
 
@@ -203,15 +201,11 @@ def act_row_bytes_py(int wtype, Py_ssize_t cols):
     return int(act_row_bytes(wtype, cols))
 
 
-def struct_sizes():
-    """sizeof of every block struct the kernels use: {name: bytes}."""
-    return {
-        "F32": sizeof(float), "F16": sizeof(block_f16), "BF16": sizeof(block_bf16),
-        "Q4_0": sizeof(block_q4_0), "Q4_1": sizeof(block_q4_1), "Q5_0": sizeof(block_q5_0),
-        "Q5_1": sizeof(block_q5_1), "Q8_0": sizeof(block_q8_0), "Q2_K": sizeof(block_q2_K),
-        "Q3_K": sizeof(block_q3_K), "Q4_K": sizeof(block_q4_K), "Q5_K": sizeof(block_q5_K),
-        "Q6_K": sizeof(block_q6_K), "Q8_K": sizeof(block_q8k), "act_q8a": sizeof(block_q8a),
-    }
+def act_layout(int fmt):
+    """(values per block, bytes per block) of activation format `fmt` (ACT_F32, ACT_Q8A, ACT_Q8K)."""
+    if not 0 <= fmt < N_ACT_FORMATS:
+        raise ValueError(f"no activation format {fmt}")
+    return int(ACT_BLOCK_VALUES[fmt]), int(ACT_BLOCK_BYTES[fmt])
 
 
 def quantize_act(int wtype, x, impl="auto"):

@@ -246,7 +246,7 @@ cdef void q_q3_K(const float* x, void* out, Py_ssize_t nvals, bint lanes) noexce
 
 cdef inline void pack_scales_k4(uint8_t* out, const float* scales, const float* mins, float inv_scale,
                                 float inv_min) noexcept nogil:
-    # 8 six-bit scales and mins into 12 bytes (the inverse of get_scale_min_k4).
+    # 8 six-bit scales and mins into 12 bytes (the inverse of values.scale_min_k4).
     cdef int j
     cdef uint8_t ls, lm
     for j in range(QK_K // 32):

@@ -117,7 +117,7 @@ cdef extern from "simd.h" nogil:
     float lc_no_contract(float x)
 
 
-# Horizontal sums and small helpers shared by quant.pyx and matmul.pyx.
+# Horizontal sums and small helpers shared by the kernels.
 cdef inline float hsum8(__m256 v) noexcept nogil:
     cdef __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))
     s = _mm_add_ps(s, _mm_movehl_ps(s, s))

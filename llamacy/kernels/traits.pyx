@@ -1,8 +1,9 @@
 # The traits table: one row per weight type the kernels compute with (see traits.pxd for the columns).
 #
-# Adding a weight type is: its block struct in blocks.pxd, its kernels (dequant.pyx, quantize_rows.pyx,
-# vecdot.pyx, mm_avx2.pyx and, for a quantized type, matmul512.pyx) and one row below;
-# tests/test_traits.py walks the table and fails on a row that lacks an operation.
+# Adding a weight type is: its block struct (and id) in blocks.pxd, its kernels (dequant.pyx,
+# quantize_rows.pyx, vecdot.pyx, mm_avx2.pyx and, for a quantized type, matmul512.pyx, whose fill_traits
+# writes the VNNI column) and one row below, with compute=True in ggml_types.TYPES. tests/test_traits.py
+# walks the table and fails on a row that lacks an operation or disagrees with ggml_types.
 from libc.stdio cimport fflush, fprintf, stderr
 from libc.stdlib cimport abort
 

@@ -249,3 +249,41 @@ class Llama:
             "total_tokens": out.stats.prompt_tokens + out.stats.gen_tokens,
         }
         return result
+
+    # ---- embeddings -----------------------------------------------------------------------------------
+    def embed(
+        self, input: str | list[str] | list[int] | list[list[int]], normalize: bool = True
+    ) -> Embeddings:  # noqa: F821 (llamacy.embedding, imported on first call: loading stays lean)
+        """Embed text(s) or token id list(s): one vector per input, pooled from the final hidden states.
+
+        A string, a list of strings, a list of token ids (one input) or a list of such lists. Strings are
+        tokenized as prompts are (BOS if the model adds one, special tokens parsed). Returns an
+        llamacy.embedding.Embeddings: .vectors (list of n_embd floats each, unit length unless
+        normalize=False), .input_tokens (tokens per input) and .n_tokens (their sum). The embedder has its
+        own scratch and KV cache (made on first use), so the conversation in this Llama's cache is kept.
+        """
+        from llamacy.embedding import Embedder, Embeddings
+
+        if isinstance(input, str):
+            inputs: list = [input]
+        elif isinstance(input, (list, tuple)) and input and all(isinstance(t, int) for t in input):
+            inputs = [list(input)]
+        elif isinstance(input, (list, tuple)):
+            inputs = list(input)
+        else:
+            raise UsageError(f"cannot embed a {type(input).__name__}: give text, texts or token id lists")
+        token_lists = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, str) and x:
+                token_lists.append(self.tokenize(x))
+            elif isinstance(x, (list, tuple)) and all(isinstance(t, int) for t in x):
+                token_lists.append(list(x))  # the embedder refuses an empty one
+            else:
+                what = "an empty string" if x == "" else f"a {type(x).__name__}"
+                raise UsageError(f"input {i} is {what}: give text or a list of token ids")
+        # Made once; setdefault is atomic, so threads racing here all end up with the one that was stored.
+        embedder = vars(self).get("_embedder") or vars(self).setdefault(
+            "_embedder", Embedder(self.gguf, self.config, self.n_ctx, self.n_threads, weights=self.weights)
+        )
+        vectors = embedder.embed(token_lists, normalize=normalize)
+        return Embeddings(vectors=vectors.tolist(), input_tokens=[len(ids) for ids in token_lists])

@@ -8,6 +8,7 @@ from llamacy.cli import batch as batch_cmd
 from llamacy.cli import bench as bench_cmd
 from llamacy.cli import chat as chat_cmd
 from llamacy.cli import convert as convert_cmd
+from llamacy.cli import embed as embed_cmd
 from llamacy.cli import info as info_cmd
 from llamacy.cli import list_models as list_cmd
 from llamacy.cli import perplexity as perplexity_cmd
@@ -57,6 +58,7 @@ app.command("serve", help="Serve the model over HTTP: OpenAI-compatible API and 
 app.command(
     "convert", help="Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type."
 )(convert_cmd.convert)
+app.command("embed", help=embed_cmd.HELP)(embed_cmd.embed)
 app.command("batch", help="Run prompts from a file into a JSONL file; rerun to resume after a crash.")(
     batch_cmd.batch
 )

@@ -37,8 +37,7 @@ class ModelConfig:
     activation: str = "silu"
     embd_scale: float = 1.0
     attn_scale: float = 0.0  # 0 means 1/sqrt(head_dim)
-    attn_softcap: float = 0.0
-    final_softcap: float = 0.0
+    final_softcap: float = 0.0  # logits = c * tanh(logits / c) when > 0 (Gemma-2-style files)
     qkv_bias: bool = False
     qk_norm: bool = False
     post_norms: bool = False

@@ -1,10 +1,12 @@
-"""Bind a GGUF file's tensors to the layer loop: find each tensor, check its shape and type.
+"""Bind a GGUF file's tensors to the layer loop: find each tensor, check its shape and type, and hand the
+layer loop typed records (Matrix, LayerWeights, ModelWeights), field for field what it reads.
 
 Weights stay in the memory-mapped file; only the small norm and bias vectors are copied (to float32).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,54 @@ import numpy as np
 from llamacy.errors import UnsupportedModelError
 from llamacy.ggml_types import COMPUTE_TYPES, GGMLType, type_name
 from llamacy.model.config import ModelConfig
+
+Vector = np.ndarray  # float32, contiguous
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    """`rows` stored rows of `cols` values of GGML type `type`, in place in the file's mapping."""
+
+    data: Any  # a uint8 buffer of at least rows * row_bytes bytes
+    type: int
+    rows: int
+    cols: int
+    row_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    """One block's weights and per-layer settings. Optional vectors are None where the architecture has
+    none (the layer loop skips that step)."""
+
+    attn_norm: Vector
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    wo: Matrix
+    ffn_norm: Vector
+    gate: Matrix
+    up: Matrix
+    down: Matrix
+    window: int  # sliding-window size in positions; 0 = the whole context
+    rope_base: float
+    rope_freq_scale: float
+    bq: Vector | None = None  # q/k/v biases (qwen2)
+    bk: Vector | None = None
+    bv: Vector | None = None
+    q_norm: Vector | None = None  # per-head q/k RMSNorm (qwen3, gemma3)
+    k_norm: Vector | None = None
+    post_attn_norm: Vector | None = None  # norms after attention and after the FFN (gemma3)
+    post_ffn_norm: Vector | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    token_embd: Matrix
+    output: Matrix  # token_embd itself when the head is tied to the embeddings
+    output_norm: Vector
+    rope_freqs: Vector | None  # per-frequency divisors (Llama 3.1 style), or None
+    layers: list[LayerWeights]
 
 
 class WeightBinder:
@@ -26,8 +76,7 @@ class WeightBinder:
             raise UnsupportedModelError(f"{self.source}: tensor {name} is missing")
         return t
 
-    def matrix(self, name: str, rows: int, cols: int, optional: bool = False) -> tuple | None:
-        """(buffer, type, rows, cols, row_bytes) for the layer loop."""
+    def matrix(self, name: str, rows: int, cols: int, optional: bool = False) -> Matrix | None:
         t = self._tensor(name, optional)
         if t is None:
             return None
@@ -39,7 +88,7 @@ class WeightBinder:
             raise UnsupportedModelError(
                 f"{self.source}: tensor {name} has type {type_name(t.type)}, which llamacy cannot compute with yet"
             )
-        return (t.data, int(t.type), rows, cols, t.n_bytes // rows)
+        return Matrix(t.data, int(t.type), rows, cols, t.n_bytes // rows)
 
     def vector(self, name: str, n: int, optional: bool = False) -> np.ndarray | None:
         t = self._tensor(name, optional)
@@ -56,63 +105,46 @@ class WeightBinder:
             return raw.view(np.float32).copy()
         raise UnsupportedModelError(f"{self.source}: vector {name} has unsupported type {type_name(t.type)}")
 
-    def bind(self) -> tuple[dict, list[dict]]:
+    def bind(self) -> ModelWeights:
         c = self.cfg
-        E, V, F = c.n_embd, c.n_vocab, c.n_ff
-        QW, KVW = c.n_head * c.head_dim, c.kv_width
+        E, V = c.n_embd, c.n_vocab
         embd = self.matrix("token_embd.weight", V, E)
-        output = self.matrix("output.weight", V, E, optional=True) or embd  # tied embeddings
-        glob = {
-            "token_embd": embd,
-            "output": output,
-            "output_norm": self.vector("output_norm.weight", E),
-            "rope_freqs": self.vector("rope_freqs.weight", c.n_rot // 2, optional=True),
-        }
-        layers = []
-        for i in range(c.n_layer):
-            p = f"blk.{i}."
-            d = {
-                "attn_norm": self.vector(p + "attn_norm.weight", E),
-                "attn_q": self.matrix(p + "attn_q.weight", QW, E),
-                "attn_k": self.matrix(p + "attn_k.weight", KVW, E),
-                "attn_v": self.matrix(p + "attn_v.weight", KVW, E),
-                "attn_output": self.matrix(p + "attn_output.weight", E, QW),
-                "ffn_norm": self.vector(p + "ffn_norm.weight", E),
-                "ffn_gate": self.matrix(p + "ffn_gate.weight", F, E),
-                "ffn_up": self.matrix(p + "ffn_up.weight", F, E),
-                "ffn_down": self.matrix(p + "ffn_down.weight", E, F),
-                "window": c.layer_window[i],
-                "rope_base": c.layer_rope_base[i],
-                "rope_freq_scale": c.layer_rope_freq_scale[i],
-            }
-            if c.qkv_bias:
-                d["attn_q_bias"] = self.vector(p + "attn_q.bias", QW)
-                d["attn_k_bias"] = self.vector(p + "attn_k.bias", KVW)
-                d["attn_v_bias"] = self.vector(p + "attn_v.bias", KVW)
-            if c.qk_norm:
-                d["attn_q_norm"] = self.vector(p + "attn_q_norm.weight", c.head_dim)
-                d["attn_k_norm"] = self.vector(p + "attn_k_norm.weight", c.head_dim)
-            if c.post_norms:
-                d["post_attention_norm"] = self.vector(p + "post_attention_norm.weight", E)
-                d["post_ffw_norm"] = self.vector(p + "post_ffw_norm.weight", E)
-            layers.append(d)
-        return glob, layers
+        return ModelWeights(
+            token_embd=embd,
+            output=self.matrix("output.weight", V, E, optional=True) or embd,  # tied embeddings
+            output_norm=self.vector("output_norm.weight", E),
+            rope_freqs=self.vector("rope_freqs.weight", c.n_rot // 2, optional=True),
+            layers=[self._layer(i) for i in range(c.n_layer)],
+        )
 
+    def _layer(self, i: int) -> LayerWeights:
+        c = self.cfg
+        E, F, HD = c.n_embd, c.n_ff, c.head_dim
+        QW, KVW = c.n_head * HD, c.kv_width
+        p = f"blk.{i}."
+        vec = self.vector
 
-def hparams_for_forward(c: ModelConfig) -> dict[str, Any]:
-    return {
-        "n_embd": c.n_embd,
-        "n_head": c.n_head,
-        "n_head_kv": c.n_head_kv,
-        "head_dim": c.head_dim,
-        "n_ff": c.n_ff,
-        "n_vocab": c.n_vocab,
-        "n_rot": c.n_rot,
-        "rope_mode": c.rope_mode,
-        "activation": c.activation,
-        "rms_eps": c.rms_eps,
-        "embd_scale": c.embd_scale,
-        "attn_scale": c.attn_scale,
-        "attn_softcap": c.attn_softcap,
-        "final_softcap": c.final_softcap,
-    }
+        def optional(present: bool, name: str, n: int) -> Vector | None:
+            return vec(p + name, n) if present else None
+
+        return LayerWeights(
+            attn_norm=vec(p + "attn_norm.weight", E),
+            wq=self.matrix(p + "attn_q.weight", QW, E),
+            wk=self.matrix(p + "attn_k.weight", KVW, E),
+            wv=self.matrix(p + "attn_v.weight", KVW, E),
+            wo=self.matrix(p + "attn_output.weight", E, QW),
+            ffn_norm=vec(p + "ffn_norm.weight", E),
+            gate=self.matrix(p + "ffn_gate.weight", F, E),
+            up=self.matrix(p + "ffn_up.weight", F, E),
+            down=self.matrix(p + "ffn_down.weight", E, F),
+            window=c.layer_window[i],
+            rope_base=c.layer_rope_base[i],
+            rope_freq_scale=c.layer_rope_freq_scale[i],
+            bq=optional(c.qkv_bias, "attn_q.bias", QW),
+            bk=optional(c.qkv_bias, "attn_k.bias", KVW),
+            bv=optional(c.qkv_bias, "attn_v.bias", KVW),
+            q_norm=optional(c.qk_norm, "attn_q_norm.weight", HD),
+            k_norm=optional(c.qk_norm, "attn_k_norm.weight", HD),
+            post_attn_norm=optional(c.post_norms, "post_attention_norm.weight", E),
+            post_ffn_norm=optional(c.post_norms, "post_ffw_norm.weight", E),
+        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -94,7 +95,9 @@ class LlamacyModel:
         from llamacy.server import ModelRegistry, create_app
 
         _bind_internal_grpc_to_node_address()
-        self.name = f"{serve.get_replica_context().replica_id.unique_id}@{ray.util.get_node_ip_address()}"
+        # Serve's replica id, the machine, the process: what an operator needs to find it.
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        self.name = f"{replica_id}@{ray.util.get_node_ip_address()}/{os.getpid()}"
         self.registry = ModelRegistry(specs, loader, max_memory=max_memory, idle_unload_s=idle_unload_s)
         if len(specs) == 1:
             self.registry.get(None)  # loaded now: a model that cannot load fails the deployment, visibly

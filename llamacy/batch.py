@@ -168,7 +168,7 @@ class BatchModel:
         """(the Llama, its prompt encoder or None for plain text, stop strings the template adds)."""
         from llamacy.engine import Llama
 
-        llm = Llama(self.model, n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=64, kv_type=self.kv_type)
+        llm = Llama(self.model, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
         if not self.chat:
             return llm, None, []
         from llamacy.chat_template import ChatTemplate
@@ -281,7 +281,7 @@ def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
 
 
 def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str], list[int]]) -> Any:
-    from llamacy.engine import _sampling_params
+    from llamacy.generation import sampling_params
     from llamacy.scheduler import GenerationRequest
 
     if it.error is not None:
@@ -298,7 +298,7 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise UsageError("stop must be a string or a list of strings")
     try:
-        params = _sampling_params(opts)
+        params = sampling_params(opts)
     except (TypeError, ValueError) as e:
         raise UsageError(f"bad sampling options: {e}") from None
     ids = encode(it.prompt)

@@ -21,6 +21,15 @@ def available_memory() -> int | None:
     return None
 
 
+def human_size(n: float) -> str:
+    """Bytes for people: 812 B, 125.5 KiB, 93.8 MiB, 1.2 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 

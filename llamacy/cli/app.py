@@ -9,9 +9,13 @@ from llamacy.cli import bench as bench_cmd
 from llamacy.cli import chat as chat_cmd
 from llamacy.cli import convert as convert_cmd
 from llamacy.cli import info as info_cmd
+from llamacy.cli import list_models as list_cmd
 from llamacy.cli import perplexity as perplexity_cmd
+from llamacy.cli import pull as pull_cmd
+from llamacy.cli import rm as rm_cmd
 from llamacy.cli import run as run_cmd
 from llamacy.cli import serve as serve_cmd
+from llamacy.cli import show as show_cmd
 
 app = typer.Typer(
     name="llamacy",
@@ -56,3 +60,7 @@ app.command(
 app.command("batch", help="Run prompts from a file into a JSONL file; rerun to resume after a crash.")(
     batch_cmd.batch
 )
+app.command("pull", help="Download a GGUF model from a Hugging Face hub: OWNER/REPO[:QUANT].")(pull_cmd.pull)
+app.command("list", help="The models at hand: pulled ones and installed packages.")(list_cmd.list_models)
+app.command("rm", help="Delete a pulled model.")(rm_cmd.rm)
+app.command("show", help="Where a model came from and what it is (what info prints).")(show_cmd.show)

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from llamacy.cli import options as opt
+from llamacy.memory import human_size as _size
 
 
 def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> dict[str, Any]:
@@ -47,14 +48,6 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "kv_type": kv_type,
         "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv},
     }
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def info(

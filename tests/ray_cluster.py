@@ -130,21 +130,17 @@ class LocalRayCluster:
         return bad
 
     def stop(self) -> None:
-        """Stop every process of the cluster, by id: SIGTERM, then SIGKILL for those still there."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """Stop every process of the cluster, by id: SIGTERM to all at once, SIGKILL to those left."""
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
-            for pid in pids:
+            for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + wait
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.1)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)  # reaped: no zombie left behind
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> LocalRayCluster:

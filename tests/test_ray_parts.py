@@ -65,6 +65,29 @@ def test_prefix_memory_prefers_the_longest_live_match_and_forgets():
     assert memory.best(("w", "x", "y", "z", "v"), {"r3"}) == "r3"
 
 
+# ---- replica plans --------------------------------------------------------------------------------------
+
+
+def test_replica_plans_and_their_serve_options():
+    from llamacy.distributed.ray_serve import ReplicaPlan, model_options
+    from llamacy.errors import UsageError
+
+    fixed = ReplicaPlan.parse("3", threads=2, min_replicas=None, max_replicas=None)
+    assert (fixed.replicas, fixed.threads) == (3, 2) and fixed.describe() == "3 replicas x 2 threads"
+    opts = model_options(fixed, parallel=4)
+    assert opts["num_replicas"] == 3 and opts["ray_actor_options"] == {"num_cpus": 2}
+    assert opts["max_ongoing_requests"] == 8 and "autoscaling_config" not in opts
+    assert opts["request_router_config"].request_router_kwargs == {"imbalance": 4}
+
+    auto = ReplicaPlan.parse("auto", threads=1, min_replicas=1, max_replicas=4)
+    scaling = model_options(auto, parallel=4)["autoscaling_config"]
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (1, 4, 4)
+    assert ReplicaPlan.parse("auto", 1, None, None).max_replicas == 2
+    for text, lo, hi in (("0", None, None), ("two", None, None), ("2", 1, None), ("auto", 3, 2)):
+        with pytest.raises(UsageError):
+            ReplicaPlan.parse(text, 1, lo, hi)
+
+
 # ---- the tunnel -----------------------------------------------------------------------------------------
 
 

@@ -256,30 +256,7 @@ def _deploy(plan: ReplicaPlan, replica_args: tuple, host: str, port: int) -> Non
     JobBoard.options(name=BOARD_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote(
         settings.job_ttl_s, settings.max_finished_jobs
     )
-    scaling: dict[str, Any] = {"num_replicas": plan.replicas}
-    if plan.replicas is None:
-        scaling = {
-            "num_replicas": "auto",
-            "autoscaling_config": AutoscalingConfig(
-                min_replicas=plan.min_replicas,
-                max_replicas=plan.max_replicas,
-                target_ongoing_requests=loader.n_parallel,  # one replica's slots
-            ),
-        }
-    model = serve.deployment(LlamacyModel).options(
-        name="LlamacyModel",
-        ray_actor_options={"num_cpus": plan.threads},
-        # A replica holds its slots' worth and as many waiting; beyond that requests wait in the router,
-        # for whichever replica frees a slot first.
-        max_ongoing_requests=2 * loader.n_parallel,
-        request_router_config=RequestRouterConfig(
-            request_router_class="llamacy.distributed.router.PrefixAffinityRouter",
-            request_router_kwargs={"imbalance": loader.n_parallel},
-        ),
-        health_check_period_s=2,
-        graceful_shutdown_timeout_s=5,
-        **scaling,
-    )
+    model = serve.deployment(LlamacyModel).options(**model_options(plan, loader.n_parallel))
     ingress = serve.deployment(serve.ingress()(LlamacyIngress)).options(
         name="LlamacyIngress", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000
     )
@@ -293,6 +270,34 @@ def _deploy(plan: ReplicaPlan, replica_args: tuple, host: str, port: int) -> Non
         _undeploy()
         first = str(e).strip().splitlines()[0] if str(e).strip() else "see the replicas' logs"
         raise UsageError(f"the deployment failed: {first}") from None
+
+
+def model_options(plan: ReplicaPlan, parallel: int) -> dict[str, Any]:
+    """The model deployment's Serve options."""
+    scaling: dict[str, Any] = {"num_replicas": plan.replicas}
+    if plan.replicas is None:
+        scaling = {
+            "num_replicas": "auto",
+            "autoscaling_config": AutoscalingConfig(
+                min_replicas=plan.min_replicas,
+                max_replicas=plan.max_replicas,
+                target_ongoing_requests=parallel,  # one replica's slots, busy
+            ),
+        }
+    return {
+        "name": "LlamacyModel",
+        "ray_actor_options": {"num_cpus": plan.threads},  # Ray places no more replicas than cores
+        # A replica holds its slots' worth and as many waiting; beyond that requests wait in the router,
+        # for whichever replica frees a slot first.
+        "max_ongoing_requests": 2 * parallel,
+        "request_router_config": RequestRouterConfig(
+            request_router_class="llamacy.distributed.router.PrefixAffinityRouter",
+            request_router_kwargs={"imbalance": parallel},
+        ),
+        "health_check_period_s": 2,
+        "graceful_shutdown_timeout_s": 5,
+        **scaling,
+    }
 
 
 def _undeploy() -> None:

@@ -224,6 +224,7 @@ def serve_on_ray(
         raise UsageError("--port 0 is not supported with --ray: Serve's proxy needs a fixed port")
     _check_port_free(host, port)
     connect(address)
+    stop = _stop_on_signals()  # now: Ray's driver has just installed its own SIGTERM handler
     try:
         cpus = cluster_cpus()
         need = plan.min_replicas * plan.threads
@@ -240,7 +241,8 @@ def serve_on_ray(
                 f"{address} ({plan.describe()}, {loader.n_parallel} parallel each; Ctrl-C removes it)\n"
             )
             sys.stderr.flush()
-            _wait_for_signal()
+            while not stop.wait(0.5):
+                pass
         finally:
             _undeploy()
     finally:
@@ -310,8 +312,9 @@ def _undeploy() -> None:
             serve.shutdown()  # ours was the only application: the proxy lets go of the port too
 
 
-def _wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM. Set here, after Ray's driver has installed its own handlers."""
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGINT or SIGTERM sets (one that comes while deploying ends the command once the
+    deployment is up, and removed)."""
     stop = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
@@ -319,8 +322,7 @@ def _wait_for_signal() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
-    while not stop.wait(0.5):
-        pass
+    return stop
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -235,3 +235,23 @@ def test_the_socket_check_tells_loopback_from_the_rest():
     assert not _loopback_only("tcp", "ESTABLISHED", "10.0.0.5:4000", "10.0.0.9:6379")
     assert not _loopback_only("tcp", "SYN_SENT", "127.0.0.1:4000", "8.8.8.8:53")
     assert not _loopback_only("udp", "07", "0.0.0.0:5353", "0.0.0.0:0")
+
+
+def test_an_unreachable_cluster_is_one_line(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    (tmp_path / "p.txt").write_text("a\n")
+    for args in (
+        ["serve", "--ray", f"127.0.0.1:{closed}", "--port", str(closed)],
+        ["batch", str(tmp_path / "p.txt"), "-o", str(tmp_path / "o.jsonl"), "--ray", f"127.0.0.1:{closed}"],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "llamacy", *args], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"cannot reach the Ray cluster at 127.0.0.1:{closed}" in r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 from llamacy.errors import UsageError
 
@@ -23,6 +24,7 @@ def connect(address: str) -> None:
     INFO lines would fill a terminal (and a pipe must stay silent)."""
     import ray
 
+    _check_reachable(address)
     for name in ("ray", "ray.serve", "ray.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
@@ -36,6 +38,17 @@ def connect(address: str) -> None:
     except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot join the Ray cluster at {address}: {first}") from None
+
+
+def _check_reachable(address: str) -> None:
+    """A head that does not answer is one line now; ray.init would retry for minutes, logging as it goes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as e:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
 def cluster_cpus() -> int:

@@ -163,13 +163,20 @@ class LlamacyIngress:
                 if started:
                     return  # the stream is cut; the client sees it end early
                 log.warning("a replica stopped before answering %s %s", scope["method"], scope["path"])
+            except Exception:
+                if started:
+                    raise
+                log.exception("%s %s", scope["method"], scope["path"])
+                await self._error(scope, receive, send, 500, "the replica failed to answer (see its log)")
+                return
             finally:
                 if not finished:
                     responses.cancel()  # the client went away, or the replica did
         await self._error(scope, receive, send, 503, "the replica serving this request stopped; retry")
 
     async def _error(self, scope: Any, receive: Any, send: Any, status: int, message: str) -> None:
-        resp = error_response(status, message, "replica_unavailable", headers={"Retry-After": "1"})
+        kind = "replica_unavailable" if status == 503 else "internal_error"
+        resp = error_response(status, message, kind, headers={"Retry-After": "1"} if status == 503 else None)
         resp.headers["X-Llamacy-Replica"] = self.name
         await resp(scope, receive, send)
 

@@ -286,6 +286,7 @@ def test_batch_on_ray_equals_the_local_batch_and_resumes(cluster, tmp_path):
     while not remote.exists() or remote.read_text().count("\n") < 2:
         assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.stderr else ""
         time.sleep(0.05)
+    assert cluster.foreign_sockets() == []  # the driver and the Ray Data workers, mid-run
     p.send_signal(signal.SIGINT)
     p.wait(60)
     before = remote.read_text().splitlines()

@@ -1,0 +1,273 @@
+"""Mixture-of-experts models (qwen3moe, qwen2moe, Mixtral-style llama): conversion and the engine's forward.
+
+The oracle is tests/reference/hf_moe_numpy.py on the ORIGINAL checkpoint weights (one matrix per expert,
+Hugging Face conventions). Tiny random checkpoints are written here as the dense ones are in
+tests/test_convert.py (whose checkpoint helpers this reuses), converted by `llamacy convert`, then run
+through single-token decode, prefill, and batched steps of several sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from llamacy.convert import convert
+from llamacy.errors import UnsupportedModelError
+from llamacy.gguf import GGUFFile
+from tests.reference.hf_moe_numpy import hf_moe_logits, routing_margins
+from tests.test_convert import IDS, n_tokens, rel_rms, save_safetensors, stored_values, write_bpe_tokenizer
+
+ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
+MODEL_TYPE = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "mixtral": "mixtral"}
+HF_CLASS = {
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+GGUF_ARCH = {"qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "mixtral": "llama"}
+
+
+class MoEModel:
+    def __init__(self, path: Path, config: dict[str, Any], weights: dict[str, np.ndarray]) -> None:
+        self.path, self.config, self.weights = path, config, weights
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        return hf_moe_logits(self.config, self.weights, ids)
+
+
+def write_hf_moe_model(
+    directory: Path,
+    arch: str,
+    *,
+    dtype: str = "f32",
+    n_embd: int = 64,
+    n_ff_exp: int = 32,
+    n_expert: int = 8,
+    n_used: int = 2,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    seed: int = 0,
+    clear_routing: bool = False,
+    **config: Any,
+) -> MoEModel:
+    """A random checkpoint of `arch` in Hugging Face's layout: one matrix per expert.
+
+    clear_routing: every layer's router shares one set of expert directions and each token's embedding leans
+    towards n_used of them, so that every routing choice has a wide margin (see routing_margins) and
+    8-bit rounding cannot flip one; otherwise the routers are independent and near ties occur."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_bpe_tokenizer(directory, "qwen2" if arch.startswith("qwen") else "smollm")
+    n_vocab = -(-n_tokens(directory) // 32) * 32 + 32
+    head_dim = 32 if arch == "qwen3moe" else n_embd // n_head
+    cfg: dict[str, Any] = {
+        "architectures": [HF_CLASS[arch]], "model_type": MODEL_TYPE[arch], "hidden_size": n_embd,
+        "num_hidden_layers": n_layer, "num_attention_heads": n_head, "num_key_value_heads": n_head_kv,
+        "vocab_size": n_vocab, "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "num_experts_per_tok": n_used,
+        "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    if arch == "mixtral":
+        cfg.update(num_local_experts=n_expert, intermediate_size=n_ff_exp, rms_norm_eps=1e-5)
+    else:
+        cfg.update(num_experts=n_expert, moe_intermediate_size=n_ff_exp, intermediate_size=4 * n_ff_exp,
+                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=arch == "qwen3moe")  # fmt: skip
+    if arch == "qwen3moe":
+        cfg["head_dim"] = head_dim
+    if arch == "qwen2moe":
+        cfg["shared_expert_intermediate_size"] = 2 * n_ff_exp
+    cfg.update(config)
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+    rng = np.random.default_rng(seed)
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+
+    def linear(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
+        return (scale * rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w: dict[str, np.ndarray] = {"model.embed_tokens.weight": linear(n_vocab, n_embd, 2.0)}
+    directions = rng.standard_normal((n_expert, n_embd))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    if clear_routing:
+        for t in range(n_vocab):
+            chosen = rng.choice(n_expert, n_used, replace=False)
+            w["model.embed_tokens.weight"][t] += 6.0 * directions[chosen].sum(axis=0)
+    for i in range(n_layer):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(n_embd)
+        w[p + "self_attn.q_proj.weight"] = linear(q_dim, n_embd)
+        w[p + "self_attn.k_proj.weight"] = linear(kv_dim, n_embd)
+        w[p + "self_attn.v_proj.weight"] = linear(kv_dim, n_embd)
+        w[p + "self_attn.o_proj.weight"] = linear(n_embd, q_dim)
+        if arch == "qwen2moe":
+            for proj, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                w[p + f"self_attn.{proj}_proj.bias"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
+        if arch == "qwen3moe":
+            w[p + "self_attn.q_norm.weight"] = norm(head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm(head_dim)
+        w[p + "post_attention_layernorm.weight"] = norm(n_embd)
+        # A router with spread-out logits, so that the top-k choice is clear and not a near tie.
+        moe = p + ("block_sparse_moe." if arch == "mixtral" else "mlp.")
+        w[moe + "gate.weight"] = linear(n_expert, n_embd, 3.0)
+        if clear_routing:
+            w[moe + "gate.weight"] = (0.2 * w[moe + "gate.weight"] + 3.0 * directions).astype(np.float32)
+        names = ("w1", "w3", "w2") if arch == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        for e in range(n_expert):
+            ex = f"{moe}experts.{e}."
+            w[ex + names[0] + ".weight"] = linear(n_ff_exp, n_embd)
+            w[ex + names[1] + ".weight"] = linear(n_ff_exp, n_embd)
+            w[ex + names[2] + ".weight"] = linear(n_embd, n_ff_exp)
+        if arch == "qwen2moe":
+            fs = cfg["shared_expert_intermediate_size"]
+            w[moe + "shared_expert.gate_proj.weight"] = linear(fs, n_embd)
+            w[moe + "shared_expert.up_proj.weight"] = linear(fs, n_embd)
+            w[moe + "shared_expert.down_proj.weight"] = linear(n_embd, fs)
+            w[moe + "shared_expert_gate.weight"] = linear(1, n_embd)
+    w["model.norm.weight"] = norm(n_embd)
+    w["lm_head.weight"] = linear(n_vocab, n_embd, 2.0)
+    save_safetensors(w, directory / "model.safetensors", dtype)
+    return MoEModel(directory, cfg, {k: stored_values(v, dtype) for k, v in w.items()})
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, MoEModel]:
+    """Independent routers (near ties included), every source dtype."""
+    root = tmp_path_factory.mktemp("moe")
+    dtypes = {"qwen3moe": "f32", "qwen2moe": "bf16", "mixtral": "f16"}
+    return {a: write_hf_moe_model(root / a, a, dtype=dtypes[a], seed=i) for i, a in enumerate(ARCHS)}
+
+
+@pytest.fixture(scope="module")
+def clear_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, MoEModel]:
+    """Wide routing margins, for the quantized comparisons."""
+    root = tmp_path_factory.mktemp("moe-clear")
+    return {a: write_hf_moe_model(root / a, a, clear_routing=True) for a in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def converted(moe_models, clear_models, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, Path]:
+    root = tmp_path_factory.mktemp("moe-gguf")
+    out = {}
+    for arch in ARCHS:
+        for models, qtypes in ((moe_models, ("f32",)), (clear_models, ("f16", "q8_0"))):
+            for qtype in qtypes:
+                out[arch, qtype] = root / f"{arch}-{qtype}.gguf"
+                convert(models[arch].path, out[arch, qtype], qtype, threads=1)
+    return out
+
+
+def load(path: Path, n_seq: int = 1, threads: int = 1) -> Any:
+    from llamacy.model import Model
+
+    return Model(GGUFFile(path), n_ctx=64, n_threads=threads, n_seq=n_seq, kv_type="f32")
+
+
+def prefill_then_decode(path: Path) -> np.ndarray:
+    """Logits of IDS: the first 12 as one prompt, then one token at a time."""
+    m = load(path, threads=2)
+    return np.concatenate([m.eval(IDS[:12], logits="all"), *(m.eval([t])[None] for t in IDS[12:])])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float32_matches_hugging_face(moe_models, converted, arch: str) -> None:
+    want = moe_models[arch].logits(IDS)
+    got = prefill_then_decode(converted[arch, "f32"])
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+# Relative RMS bounds against the oracle, those of the dense models (tests/test_convert.py's HF_BOUNDS).
+QUANT_BOUNDS = {"f16": 2e-3, "q8_0": 0.06}
+
+
+@pytest.mark.parametrize("qtype", list(QUANT_BOUNDS))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_matches_hugging_face(clear_models, converted, arch: str, qtype: str) -> None:
+    model = clear_models[arch]
+    # The premise: no routing choice of this checkpoint is close enough to a tie for rounding to flip it.
+    assert routing_margins(model.config, model.weights, IDS).min() > 0.2
+    want = model.logits(IDS)
+    got = prefill_then_decode(converted[arch, qtype])
+    err = rel_rms(got, want)
+    assert err < QUANT_BOUNDS[qtype], f"{arch} {qtype}: relative RMS error {err:.2e}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_sequences_equal_solo(converted, arch: str) -> None:
+    """Several sequences stepped together (their tokens grouped by expert) give each one's solo logits,
+    bit for bit; and a prompt in one piece the same as token by token."""
+    prompts = [IDS[:7], IDS[5:9], IDS[9:20]]
+    path = converted[arch, "q8_0"]
+    solo = []
+    for p in prompts:
+        m = load(path, threads=2)
+        solo.append(np.stack([m.eval([t]) for t in p]))
+        assert np.array_equal(solo[-1][-1], load(path, threads=2).eval(p))  # a prompt in one piece
+    batch = load(path, n_seq=3, threads=2)
+    steps = max(len(p) for p in prompts)
+    for s in range(steps):
+        live = [i for i, p in enumerate(prompts) if s < len(p)]
+        tok = np.array([prompts[i][s] for i in live], np.int32)
+        out = batch.eval_batch(tok, np.full(len(live), s, np.int32), np.array(live, np.int32),
+                               np.arange(len(live), dtype=np.int32))  # fmt: skip
+        for row, i in enumerate(live):
+            assert np.array_equal(out[row], solo[i][s]), (arch, i, s)
+
+
+def _arch_names(arch: str) -> set[str]:
+    a = gguf.MODEL_ARCH[arch.upper()]
+    return {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[a]}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gguf_names_and_keys_are_the_gguf_packages(moe_models, converted, arch: str) -> None:
+    f = GGUFFile(converted[arch, "f32"])
+    a, cfg = GGUF_ARCH[arch], moe_models[arch].config
+    allowed = _arch_names(a)
+    for name in f.tensors:
+        stem = name.rsplit(".", 1)[0]
+        generic = stem if not stem.startswith("blk.") else "blk.{bid}." + stem.split(".", 2)[2]
+        assert generic in allowed, name
+    n_expert = cfg.get("num_experts", cfg.get("num_local_experts"))
+    keys = gguf.Keys.LLM
+    md = f.metadata
+    assert md["general.architecture"] == a
+    assert md[keys.EXPERT_COUNT.format(arch=a)] == n_expert
+    assert md[keys.EXPERT_USED_COUNT.format(arch=a)] == cfg["num_experts_per_tok"]
+    ff_exp = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+    if arch != "mixtral":
+        assert md[keys.EXPERT_FEED_FORWARD_LENGTH.format(arch=a)] == ff_exp
+    if arch == "qwen2moe":
+        key = keys.EXPERT_SHARED_FEED_FORWARD_LENGTH.format(arch=a)
+        assert md[key] == cfg["shared_expert_intermediate_size"]
+        assert f.tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (cfg["hidden_size"],)
+    # The 3-D experts, read back by the gguf package itself: [n_expert, rows, cols] in numpy order.
+    reader = gguf.GGUFReader(converted[arch, "f32"])
+    t = {t.name: t for t in reader.tensors}
+    E = cfg["hidden_size"]
+    assert tuple(t["blk.1.ffn_gate_exps.weight"].data.shape) == (n_expert, ff_exp, E)
+    assert tuple(t["blk.1.ffn_down_exps.weight"].data.shape) == (n_expert, E, ff_exp)
+    assert t["blk.0.ffn_gate_inp.weight"].tensor_type == QT.F32
+    # Expert 3's down projection is the checkpoint's, in place in the stack.
+    moe = "block_sparse_moe" if arch == "mixtral" else "mlp"
+    down = "w2" if arch == "mixtral" else "down_proj"
+    hf = moe_models[arch].weights[f"model.layers.1.{moe}.experts.3.{down}.weight"]
+    assert np.allclose(np.asarray(t["blk.1.ffn_down_exps.weight"].data)[3], hf, rtol=0, atol=0)
+
+
+def test_router_settings_llama_cpp_cannot_run_are_refused(tmp_path) -> None:
+    model = write_hf_moe_model(tmp_path / "m", "qwen3moe", norm_topk_prob=False)
+    with pytest.raises(UnsupportedModelError, match="norm_topk_prob"):
+        convert(model.path, tmp_path / "out.gguf", "f32")
+    model = write_hf_moe_model(tmp_path / "d", "qwen2moe", mlp_only_layers=[1])
+    with pytest.raises(UnsupportedModelError, match="dense layers"):
+        convert(model.path, tmp_path / "out.gguf", "f32")

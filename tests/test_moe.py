@@ -271,3 +271,108 @@ def test_router_settings_llama_cpp_cannot_run_are_refused(tmp_path) -> None:
     model = write_hf_moe_model(tmp_path / "d", "qwen2moe", mlp_only_layers=[1])
     with pytest.raises(UnsupportedModelError, match="dense layers"):
         convert(model.path, tmp_path / "out.gguf", "f32")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every target type, llama-quantize's expert rules, and `llamacy info`
+
+
+def _moe_specs(n_layer: int, n_expert: int, shared: bool = False, E: int = 4096, F: int = 14336) -> list:
+    from llamacy.convert.mixtures import TensorSpec
+
+    specs = [TensorSpec("token_embd.weight", (32000, E), QT.F32)]
+    for i in range(n_layer):
+        layer = [("attn_norm.weight", (E,)), ("attn_q.weight", (E, E)), ("attn_k.weight", (1024, E)),
+                 ("attn_v.weight", (1024, E)), ("attn_output.weight", (E, E)), ("ffn_norm.weight", (E,)),
+                 ("ffn_gate_inp.weight", (n_expert, E)), ("ffn_gate_exps.weight", (n_expert, F, E)),
+                 ("ffn_up_exps.weight", (n_expert, F, E)), ("ffn_down_exps.weight", (n_expert, E, F))]  # fmt: skip
+        if shared:
+            layer += [("ffn_gate_shexp.weight", (F, E)), ("ffn_down_shexp.weight", (E, F))]
+        specs += [TensorSpec(f"blk.{i}.{n}", s, QT.F32) for n, s in layer]
+    specs.append(TensorSpec("output_norm.weight", (E,), QT.F32))
+    specs.append(TensorSpec("output.weight", (32000, E), QT.F32))
+    return specs
+
+
+def _moe_types(specs: list, qtype: str, n_expert: int, n_layer: int) -> dict[str, str]:
+    from llamacy.convert.mixtures import ModelFacts, choose_types, target
+
+    facts = ModelFacts("llama", n_layer, 32, 8, n_expert)
+    return {s.name: QT(t).name for s, t in zip(specs, choose_types(specs, target(qtype), facts), strict=True)}
+
+
+def test_mixture_rules_for_experts() -> None:
+    # Mixtral-8x7B (32 layers, 8 experts): llama.cpp's 8-expert bumps; ffn_down_exps by the layer in its name.
+    t = _moe_types(_moe_specs(32, 8), "q4_k_m", 8, 32)
+    more = [i for i in range(32) if i < 4 or i >= 28 or (i - 4) % 3 == 2]  # use_more_bits
+    for i in range(32):
+        assert t[f"blk.{i}.attn_v.weight"] == "Q8_0" and t[f"blk.{i}.attn_k.weight"] == "Q8_0"
+        assert t[f"blk.{i}.attn_output.weight"] == "Q5_K" and t[f"blk.{i}.attn_q.weight"] == "Q4_K"
+        assert t[f"blk.{i}.ffn_down_exps.weight"] == ("Q6_K" if i in more else "Q4_K"), i
+        assert t[f"blk.{i}.ffn_gate_exps.weight"] == "Q4_K" and t[f"blk.{i}.ffn_up_exps.weight"] == "Q4_K"
+        assert t[f"blk.{i}.ffn_gate_inp.weight"] == "F32"  # the router is never quantized
+    assert _moe_types(_moe_specs(32, 8), "q8_0", 8, 32)["blk.0.attn_output.weight"] == "Q8_0"
+    # 128 experts plus shared ones (Qwen-style): no 8-expert bumps; both ffn_down tensors of a layer follow it.
+    t = _moe_types(_moe_specs(48, 128, shared=True, F=768), "q4_k_m", 128, 48)
+    more = [i for i in range(48) if i < 6 or i >= 42 or (i - 6) % 3 == 2]
+    for i in range(48):
+        want = "Q6_K" if i in more else "Q4_K"
+        assert t[f"blk.{i}.ffn_down_exps.weight"] == want and t[f"blk.{i}.ffn_down_shexp.weight"] == want
+        assert t[f"blk.{i}.attn_v.weight"] == want and t[f"blk.{i}.attn_k.weight"] == "Q4_K"
+        assert t[f"blk.{i}.attn_output.weight"] == "Q4_K"
+
+
+def test_every_target_type(clear_models, tmp_path) -> None:
+    """Each `--type` converts a mixture and runs it, within the bounds the dense models' requantization
+    meets (tests/test_convert.py; 64-wide rows take llama.cpp's fallbacks for the K types)."""
+    from llamacy.convert.mixtures import TARGETS
+    from tests.test_convert import REQUANT_BOUNDS, REQUANT_BOUNDS_K
+
+    model = clear_models["qwen2moe"]
+    want = model.logits(IDS)
+    bounds = {"f32": 1e-4, **REQUANT_BOUNDS, **REQUANT_BOUNDS_K}
+    for qtype in TARGETS:
+        out = tmp_path / f"{qtype}.gguf"
+        convert(model.path, out, qtype, threads=2)
+        err = rel_rms(load(out).eval(IDS, logits="all"), want)
+        assert err < bounds[qtype], f"{qtype}: {err:.3g}"
+        out.unlink()
+
+
+def test_k_quant_experts(tmp_path) -> None:
+    """Rows of 256: the experts take real K-quant blocks (Q4_K, Q6_K on the use_more_bits layers)."""
+    model = write_hf_moe_model(tmp_path / "m", "qwen3moe", n_embd=256, n_ff_exp=256, clear_routing=True)
+    out = tmp_path / "q4km.gguf"
+    convert(model.path, out, "q4_k_m")
+    f = GGUFFile(out)
+    assert QT(f.tensors["blk.0.ffn_gate_exps.weight"].type) == QT.Q4_K
+    assert QT(f.tensors["blk.1.ffn_down_exps.weight"].type) == QT.Q6_K  # use_more_bits(1, 2)
+    assert QT(f.tensors["blk.0.ffn_down_exps.weight"].type) == QT.Q4_K
+    err = rel_rms(load(out, threads=2).eval(IDS, logits="all"), model.logits(IDS))
+    assert err < 0.41, err  # REQUANT_BOUNDS_K["q4_k_m"]
+
+
+def test_info_shows_experts_and_what_a_token_reads(moe_models, converted, tmp_path) -> None:
+    from llamacy.cli.info import describe
+
+    d = describe(str(converted["qwen2moe", "f32"]), 32)
+    cfg = moe_models["qwen2moe"].config
+    assert d["experts"] == {"total": 8, "used": 2}
+    E, F, L = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_hidden_layers"]
+    # 6 of the 8 experts' three matrices (f32: 4 bytes a value) are mapped but not read by a token.
+    unread = L * 6 * 3 * E * F
+    assert d["parameters"] - d["active_parameters"] == unread
+    assert d["memory"]["weights"] - d["memory"]["read_per_token"] == 4 * unread
+    assert d["memory"]["total"] == d["memory"]["weights"] + d["memory"]["kv_cache"]
+    from tests.model_factory import write_tiny_model
+
+    dense = describe(str(write_tiny_model(tmp_path / "dense.gguf", "qwen3")), 32)
+    assert dense["experts"] is None and dense["active_parameters"] == dense["parameters"]
+    assert dense["memory"]["read_per_token"] == dense["memory"]["weights"]
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "llamacy", "info", str(converted["mixtral", "f32"])],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "8 a layer, 2 used per token" in r.stdout and "per token" in r.stdout

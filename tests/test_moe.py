@@ -204,7 +204,7 @@ def test_quantized_matches_hugging_face(clear_models, converted, arch: str, qtyp
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batched_sequences_equal_solo(converted, arch: str) -> None:
     """Several sequences stepped together (their tokens grouped by expert) give each one's solo logits,
-    bit for bit; and a prompt in one piece the same as token by token."""
+    bit for bit; and a prompt in one piece the same as token by token, on one thread as on two."""
     prompts = [IDS[:7], IDS[5:9], IDS[9:20]]
     path = converted[arch, "q8_0"]
     solo = []
@@ -212,6 +212,7 @@ def test_batched_sequences_equal_solo(converted, arch: str) -> None:
         m = load(path, threads=2)
         solo.append(np.stack([m.eval([t]) for t in p]))
         assert np.array_equal(solo[-1][-1], load(path, threads=2).eval(p))  # a prompt in one piece
+        assert np.array_equal(solo[-1][-1], load(path, threads=1).eval(p))  # and on one thread
     batch = load(path, n_seq=3, threads=2)
     steps = max(len(p) for p in prompts)
     for s in range(steps):

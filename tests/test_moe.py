@@ -377,3 +377,28 @@ def test_info_shows_experts_and_what_a_token_reads(moe_models, converted, tmp_pa
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "8 a layer, 2 used per token" in r.stdout and "per token" in r.stdout
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0])
+def test_shared_expert_gate_as_stored(qtype: QT) -> None:
+    """ffn_gate_inp_shexp as llama.cpp's files may hold it: an n_embd vector or a [1, n_embd] matrix,
+    F32, F16, or quantized by llama-quantize (2-D, not the router)."""
+    from types import SimpleNamespace
+
+    from gguf.quants import quantize
+
+    from llamacy.model.config import ModelConfig
+    from llamacy.model.weights import WeightBinder
+
+    v = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    data = np.frombuffer(quantize(v.reshape(1, 64), qtype).tobytes(), np.uint8)
+    for shape in ((64,), (1, 64)):
+        t = SimpleNamespace(data=data, type=int(qtype), shape=shape, n_bytes=data.size)
+        cfg = ModelConfig("qwen2moe", "", 8, 8, 64, 1, 4, 2, 16, 128, 16, 1e-6, 1e4)
+        binder = WeightBinder(SimpleNamespace(tensors={"g": t}, path="f.gguf"), cfg)
+        want = v if qtype == QT.F32 else v.astype(np.float16).astype(np.float32)
+        got = binder.vector("g", 64)
+        if qtype == QT.Q8_0:
+            assert np.abs(got - v).max() < 0.02 * np.abs(v).max()
+        else:
+            assert np.array_equal(got, want)

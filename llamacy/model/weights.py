@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from llamacy.errors import UnsupportedModelError
-from llamacy.ggml_types import COMPUTE_TYPES, GGMLType, type_name
+from llamacy.ggml_types import BLOCK_LAYOUT, COMPUTE_TYPES, GGMLType, type_name
 from llamacy.model.config import ModelConfig
 
 Vector = np.ndarray  # float32, contiguous
@@ -129,6 +129,11 @@ class WeightBinder:
         if t.type == GGMLType.BF16:
             raw = np.frombuffer(t.data, dtype=np.uint16).astype(np.uint32) << 16
             return raw.view(np.float32).copy()
+        if t.type in COMPUTE_TYPES and n % BLOCK_LAYOUT[t.type][0] == 0:
+            # A quantized vector: llama-quantize quantizes a [1, n] tensor such as ffn_gate_inp_shexp.
+            from llamacy.kernels.quantize import dequantize
+
+            return dequantize(int(t.type), t.data, (n,), 1).reshape(n)
         raise UnsupportedModelError(f"{self.source}: vector {name} has unsupported type {type_name(t.type)}")
 
     def bind(self) -> ModelWeights:

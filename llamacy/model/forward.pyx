@@ -92,8 +92,9 @@ cdef class Forward:
             raise ValueError(f"unknown activation {cfg.activation!r}")
         self.hp = {**vars(cfg), "act": acts[cfg.activation]}  # by field name (see layout.pxd)
         self.w = BoundWeights(weights)
-        self.scratch = ScratchSpace(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_rot,
-                                    ubatch, n_ctx_max, threads_max)
+        # A mixture-of-experts model has no dense feed-forward: its activations are MoeSpace's.
+        self.scratch = ScratchSpace(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
+                                    1 if cfg.n_expert else cfg.n_ff, cfg.n_rot, ubatch, n_ctx_max, threads_max)
         self.rj.hp = &self.hp
         self.rj.s = &self.scratch.s
         self.rj.kv = &self.kv

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
+from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
 
@@ -47,12 +47,11 @@ class Llama:
 
         ensure_cpu()
         kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
-        if n_threads is not None and n_threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {n_threads}")
-        if n_ctx is not None and n_ctx < 1:
-            raise UsageError(f"--ctx-size must be at least 1, got {n_ctx}")
-        if n_batch < 1:
-            raise UsageError(f"batch size must be at least 1, got {n_batch}")
+        if n_threads is not None:
+            require_range("--threads", n_threads, 1)
+        if n_ctx is not None:
+            require_range("--ctx-size", n_ctx, 1)
+        require_range("batch size", n_batch, 1)
         self.kv_type = kv_type
         self.n_batch = n_batch
         self.profiling = profile

@@ -40,11 +40,10 @@ def batch(
     ),
     replicas: int = typer.Option(1, "--replicas", help="With --ray: how many workers (model copies)."),
 ) -> None:
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
 
     opt.check_counts(threads, ctx_size, predict)
-    if not 1 <= parallel <= 256:
-        raise UsageError(f"--parallel must be between 1 and 256, got {parallel}")
+    require_range("--parallel", parallel, 1, 256)
     if system is not None and not chat:
         raise UsageError("--system needs --chat")
     if replicas < 1 or (replicas != 1 and ray_address is None):

@@ -98,7 +98,7 @@ def serve(
     min_replicas: int = typer.Option(None, "--min-replicas", help="With --replicas auto: the fewest (1)."),
     max_replicas: int = typer.Option(None, "--max-replicas", help="With --replicas auto: the most (2)."),
 ) -> None:
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
 
     if ray_address is not None:
         from llamacy.distributed.cluster import require_ray
@@ -108,16 +108,11 @@ def serve(
         raise UsageError("--replicas, --min-replicas and --max-replicas go with --ray")
 
     opt.check_counts(threads, ctx_size)
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be between 0 and 65535, got {port}")
-    if not 1 <= parallel <= 256:
-        raise UsageError(f"--parallel must be between 1 and 256, got {parallel}")
-    if queue_size < 1:
-        raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
-    if job_ttl < 0:
-        raise UsageError(f"--job-ttl must be at least 0, got {job_ttl}")
-    if idle_unload < 0:
-        raise UsageError(f"--idle-unload must be at least 0, got {idle_unload}")
+    require_range("--port", port, 0, 65535)
+    require_range("--parallel", parallel, 1, 256)
+    require_range("--queue-size", queue_size, 1)
+    require_range("--job-ttl", job_ttl, 0)
+    require_range("--idle-unload", idle_unload, 0)
     budget = parse_size(max_memory) if max_memory is not None else None
     sources = list(models or []) + (read_models_file(models_file) if models_file else [])
 

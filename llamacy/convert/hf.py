@@ -138,7 +138,9 @@ def _check_moe(c: HFConfig, norm_topk: bool) -> None:
     """Every layer a mixture (llama.cpp has no dense layers in these architectures), routed weights
     renormalised over the chosen experts exactly where llama.cpp does (qwen3moe, Mixtral; not qwen2moe)."""
     if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers", []):
-        raise UnsupportedModelError(f"{c.path}: dense layers between mixture-of-experts layers are not supported")
+        raise UnsupportedModelError(
+            f"{c.path}: dense layers between mixture-of-experts layers are not supported"
+        )
     if "norm_topk_prob" in c.raw and bool(c.get("norm_topk_prob")) != norm_topk:
         raise UnsupportedModelError(
             f"{c.path}: norm_topk_prob={c.get('norm_topk_prob')} (llama.cpp's {c.get('model_type')} uses {norm_topk})"
@@ -354,12 +356,14 @@ class HFSource(Source):
         }
         if self.spec.experts and "mlp.shared_expert_gate.weight" in self.spec.layer_map:
             fs = c.positive("shared_expert_intermediate_size")
-            per_layer.update({
-                "ffn_gate_shexp.weight": (fs, c.n_embd),
-                "ffn_up_shexp.weight": (fs, c.n_embd),
-                "ffn_down_shexp.weight": (c.n_embd, fs),
-                "ffn_gate_inp_shexp.weight": (1, c.n_embd),  # stored [1, n_embd]; written as a vector
-            })
+            per_layer.update(
+                {
+                    "ffn_gate_shexp.weight": (fs, c.n_embd),
+                    "ffn_up_shexp.weight": (fs, c.n_embd),
+                    "ffn_down_shexp.weight": (c.n_embd, fs),
+                    "ffn_gate_inp_shexp.weight": (1, c.n_embd),  # stored [1, n_embd]; written as a vector
+                }
+            )
         suffixes = list(self.spec.layer_map.values())
         if self.spec.experts:
             suffixes += [f"{stem}.weight" for stem in self.spec.experts.projections.values()]
@@ -426,7 +430,9 @@ class HFSource(Source):
         stem = name.split(".")[2]
         for e in range(self.n_expert):
             if e not in by_expert:
-                raise UsageError(f"{self.path}: the checkpoint lacks {self.spec.experts.hf_name(layer, stem, e)}")
+                raise UsageError(
+                    f"{self.path}: the checkpoint lacks {self.spec.experts.hf_name(layer, stem, e)}"
+                )
             got = self.checkpoint.tensors[by_expert[e]].shape
             if got != shape[1:]:
                 raise UsageError(
@@ -436,7 +442,9 @@ class HFSource(Source):
     def _stacked(self, name: str, by_expert: dict[int, str]) -> SourceTensor:
         first = self._tensor(name, by_expert[0])
         shape = (self.n_expert, *first.shape)
-        return stacked_tensor(name, shape, first.type, lambda e, rows: self.checkpoint.read(by_expert[e], rows))
+        return stacked_tensor(
+            name, shape, first.type, lambda e, rows: self.checkpoint.read(by_expert[e], rows)
+        )
 
     def _tensor(self, name: str, hf_name: str) -> SourceTensor:
         ct = self.checkpoint.tensors[hf_name]

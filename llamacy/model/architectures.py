@@ -27,7 +27,9 @@ def llama(md: dict[str, Any], source: str) -> ModelConfig:
     # renormalised over the k chosen).
     scale = MetadataReader(md, "llama", source).float("attention.scale", 0.0)
     experts = expert_hparams(md, "llama", source, norm=True)
-    return ModelConfig(**common_hparams(md, "llama", source), **experts, rope_mode=ROPE_NORM, attn_scale=scale)
+    return ModelConfig(
+        **common_hparams(md, "llama", source), **experts, rope_mode=ROPE_NORM, attn_scale=scale
+    )
 
 
 def qwen2(md: dict[str, Any], source: str) -> ModelConfig:
@@ -44,7 +46,9 @@ def qwen2moe(md: dict[str, Any], source: str) -> ModelConfig:
     experts = expert_hparams(md, "qwen2moe", source, norm=False)
     if not experts:
         raise UnsupportedModelError(f"{source}: qwen2moe.expert_count is missing")
-    return ModelConfig(**common_hparams(md, "qwen2moe", source), **experts, rope_mode=ROPE_NEOX, qkv_bias=True)
+    return ModelConfig(
+        **common_hparams(md, "qwen2moe", source), **experts, rope_mode=ROPE_NEOX, qkv_bias=True
+    )
 
 
 def qwen3moe(md: dict[str, Any], source: str) -> ModelConfig:

@@ -2,7 +2,8 @@
 
 A llama-bench binary is found from an explicit path, else the LLAMACY_REF_BENCH environment variable; its
 figures come from its JSON output and carry the commit it was built from, so that every table says which
-reference it compares with.
+reference it compares with. A build from a source copy without git history reports its commit as
+"unknown"; LLAMACY_REF_COMMIT then names it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV_BENCH = "LLAMACY_REF_BENCH"
+ENV_COMMIT = "LLAMACY_REF_COMMIT"
 
 
 @dataclass(frozen=True)
@@ -44,4 +46,7 @@ def run_bench(binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int
     if len(rows) != 1:
         raise RuntimeError(f"llama-bench gave {len(rows)} results for pp{n_prompt}/tg{n_gen}: {cmd}")
     r = rows[0]
-    return RefResult(float(r["avg_ts"]), float(r["stddev_ts"]), str(r.get("build_commit", "unknown")))
+    commit = str(r.get("build_commit") or "unknown")
+    if commit == "unknown":
+        commit = os.environ.get(ENV_COMMIT, "unknown commit")
+    return RefResult(float(r["avg_ts"]), float(r["stddev_ts"]), commit)

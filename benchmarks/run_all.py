@@ -115,8 +115,9 @@ def main() -> None:
             continue
         llm = Llama(path, n_ctx=max(prompts + gens) + 8, n_threads=max(threads), n_batch=max(prompts))
         ours, native_rows, binding_rows = [], [], []
+        model = llm.model  # built for max(threads) before the count drops (see llamacy/cli/bench.py)
         for t in threads:
-            llm.n_threads = llm.model.n_threads = t
+            llm.n_threads = model.n_threads = t
             for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
                 label = f"pp{p}" if p else f"tg{g}"
                 engines = (

@@ -14,11 +14,11 @@ REPO_URL="${LLAMA_CPP_URL:-https://github.com/ggml-org/llama.cpp}"
 DIR="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/llamacy/reference/llama.cpp}"
 JOBS="${JOBS:-$(nproc)}"
 
-here="$(cd "$(dirname "$0")/.." && pwd)"
-mkdir -p "$(dirname "$DIR")"
-case "$(cd "$(dirname "$DIR")" && pwd)/" in
+here="$(cd "$(dirname "$0")/.." && pwd -P)"
+case "$(realpath -m "$DIR")/" in
   "$here"/*) echo "build_reference.sh: $DIR is inside the repository; pick a directory outside it" >&2; exit 2 ;;
 esac
+mkdir -p "$(dirname "$DIR")"
 
 if [ ! -d "$DIR/.git" ]; then
   git clone --filter=blob:none --no-checkout "$REPO_URL" "$DIR"

@@ -60,8 +60,12 @@ def bench(
             profile=profile,
             kv_type=kv_type,
         )
+        # Build the model before lowering the thread count: it sizes its scratch and the thread team for
+        # the threads it is built with, and never uses more (`llm.n_threads = llm.model.n_threads = 1`
+        # would build it for one, and every later test would run on one thread whatever it says).
+        model = llm.model
         for t in thread_counts:
-            llm.n_threads = llm.model.n_threads = t
+            llm.n_threads = model.n_threads = t
             for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
                 llm.model.forward.profile_reset()
                 results.append(run_test(llm, p, g, repetitions))

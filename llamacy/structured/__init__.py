@@ -1,0 +1,37 @@
+"""Structured output: constrained decoding with llguidance, and OpenAI tool calls.
+
+- grammar.py: response_format / JSON schema / GBNF / regex / Lark -> a checked Grammar (UsageError if bad)
+- constraint.py: one sequence's matcher: the allowed-token mask for the sampler, forced tokens, done
+- vocab.py: our tokenizer as an llguidance LLTokenizer (built once per vocabulary)
+- tools.py: tool definitions, tool_choice, the tool prompt, the grammar of a forced call
+- tool_parse.py: a reply -> (content, tool_calls), whole or while streaming
+"""
+
+from llamacy.structured.constraint import Constraint
+from llamacy.structured.grammar import (
+    Grammar,
+    gbnf_grammar,
+    json_object_grammar,
+    json_schema_grammar,
+    lark_grammar,
+    regex_grammar,
+    request_grammar,
+    response_format_grammar,
+)
+from llamacy.structured.tool_parse import ToolCallStream, parse_tool_calls
+from llamacy.structured.tools import ToolPlan
+
+__all__ = [
+    "Constraint",
+    "Grammar",
+    "ToolCallStream",
+    "ToolPlan",
+    "gbnf_grammar",
+    "json_object_grammar",
+    "json_schema_grammar",
+    "lark_grammar",
+    "parse_tool_calls",
+    "regex_grammar",
+    "request_grammar",
+    "response_format_grammar",
+]

@@ -1,0 +1,91 @@
+"""One sequence's grammar state: which tokens may come next, which are forced, and whether it is finished.
+
+    c = Constraint(grammar, llm.tokenizer, n_logits=llm.n_vocab)
+    while not c.done:
+        forced = c.forced()              # tokens the grammar leaves no choice about: evaluate them as one batch
+        if forced: c.accept_all(forced); ...
+        else: tok = sampler.sample(logits, history, mask=c.allowed()); c.accept(tok)
+
+Each sequence owns its Constraint, so constrained and unconstrained sequences can share a batch: the mask only
+touches that sequence's logits. When the grammar is complete (`done`), generation ends with finish_reason
+"stop" without sampling an end token; while it is only `accepting` (e.g. after a number that could go on),
+the end-of-generation tokens are in the mask and the model chooses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from llamacy.errors import LlamacyError, UsageError
+from llamacy.structured.grammar import Grammar, one_line
+from llamacy.structured.vocab import ll_tokenizer
+
+
+class Constraint:
+    """An llguidance matcher for one sequence, with its mask in the shape the sampler takes."""
+
+    def __init__(self, grammar: Grammar, tokenizer: Any, n_logits: int | None = None) -> None:
+        self.grammar = grammar
+        self.n_vocab = tokenizer.n_vocab
+        # The output layer can be wider than the vocabulary (padding rows): those ids are never allowed.
+        self.n_logits = max(int(n_logits or self.n_vocab), self.n_vocab)
+        self._matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer), grammar.text, log_level=0)
+        if self._matcher.is_error():
+            raise UsageError(f"invalid {grammar.source}: {one_line(self._matcher.get_error())}")
+        self._bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
+        self._allowed = np.zeros(self.n_logits, dtype=bool)
+
+    # ---- state --------------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and allows nothing more (the matcher has stopped)."""
+        return self._matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """What was generated so far is a complete sentence of the grammar."""
+        return self._matcher.is_accepting()
+
+    # ---- next token ---------------------------------------------------------------------------------
+    def allowed(self) -> np.ndarray:
+        """Bool [n_logits]: True where the token may come next. The array is reused by the next call."""
+        m = self._matcher
+        m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self._raise_if_error()
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab)
+        self._allowed[: self.n_vocab] = bits.view(bool)
+        if not self._allowed.any():
+            raise LlamacyError(f"the {self.grammar.source} grammar allows no next token (it cannot finish)")
+        return self._allowed
+
+    def forced(self) -> list[int]:
+        """Tokens that must come next whatever the model prefers (possibly none)."""
+        return self._matcher.compute_ff_tokens()
+
+    def accept(self, token: int) -> None:
+        """Advance past `token` (sampled under this constraint's mask, or forced)."""
+        if not self._matcher.consume_token(int(token)):
+            self._raise_if_error()
+            raise LlamacyError(f"token {token} does not fit the {self.grammar.source} grammar")
+
+    def accept_all(self, tokens: list[int]) -> None:
+        if tokens and not self._matcher.consume_tokens([int(t) for t in tokens]):
+            self._raise_if_error()
+            raise LlamacyError(f"tokens {tokens} do not fit the {self.grammar.source} grammar")
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` the grammar accepts from here, in order, without consuming any."""
+        return self._matcher.validate_tokens([int(t) for t in tokens])
+
+    def reset(self) -> None:
+        """Back to the start of the grammar (a fresh generation with the same request)."""
+        self._matcher.reset()
+
+    def _raise_if_error(self) -> None:
+        if self._matcher.is_error():
+            raise LlamacyError(
+                f"{self.grammar.source} constraint failed: {one_line(self._matcher.get_error())}"
+            )

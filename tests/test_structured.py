@@ -3,6 +3,7 @@ the mask in the sampler, and constrained greedy decoding with the real model pro
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jsonschema
@@ -17,6 +18,7 @@ from llamacy.structured import (
     gbnf_grammar,
     json_object_grammar,
     json_schema_grammar,
+    next_tokens,
     regex_grammar,
     request_grammar,
     response_format_grammar,
@@ -165,26 +167,40 @@ def smollm(default_model_path):
 
 
 def _generate(llm, constraint: Constraint, prompt: str, max_tokens: int = 120) -> str:
-    """Greedy constrained decoding with forced tokens evaluated as one batch (what the engine does)."""
+    """Greedy constrained decoding as the engine does it: next_tokens, forced tokens evaluated as one batch."""
     sampler = Sampler(SamplingParams(temperature=0), llm.n_vocab)
     ids = llm.tokenize(prompt)
     llm.reset()
     logits = llm.model.eval(ids, logits="last")
     out: list[int] = []
     while not constraint.done and len(out) < max_tokens:
-        forced = constraint.forced()
-        if forced:
-            constraint.accept_all(forced)
-            out += forced
-            logits = llm.model.eval(forced, logits="last")
-            continue
-        tok = sampler.sample(logits, ids + out, mask=constraint.allowed())
-        if tok in llm.tokenizer.eot_ids:
+        history = ids + out
+        draw = functools.partial(sampler.sample, logits, history)  # mask -> token
+        toks = next_tokens(constraint, lambda mask, draw=draw: draw(mask=mask), llm.tokenizer.eot_ids,
+                           max_tokens - len(out))  # fmt: skip
+        if not toks:
             break
-        constraint.accept(tok)
-        out.append(tok)
-        logits = llm.model.eval([tok], logits="last")
+        out += toks
+        logits = llm.model.eval(toks, logits="last")
     return llm.detokenize(out)
+
+
+def test_next_tokens_forced_and_budget(tokenizer):
+    schema = {"type": "object", "properties": {"temperature_celsius": {"type": "number"}}, "required": ["temperature_celsius"]}  # fmt: skip
+    never = lambda mask: pytest.fail("sampled although the grammar forces the tokens")  # noqa: E731
+    c = Constraint(json_schema_grammar(schema), tokenizer)
+    c.accept_all(tokenizer.encode('{"'))
+    toks = next_tokens(c, never, tokenizer.eot_ids, 100)  # the only key is forced, without sampling
+    assert tokenizer.decode(toks).startswith("temperature_celsius")
+    c = Constraint(json_schema_grammar(schema), tokenizer)
+    c.accept_all(tokenizer.encode('{"'))
+    assert len(next_tokens(c, never, tokenizer.eot_ids, 1)) == 1  # the budget caps forced tokens
+    # A sampled end token ends generation where the grammar is complete.
+    c = Constraint(gbnf_grammar('root ::= "a" "b"*'), tokenizer)
+    c.accept_all(tokenizer.encode("a"))
+    eot = min(tokenizer.eot_ids)
+    assert c.allowed()[eot]
+    assert next_tokens(c, lambda mask: eot, tokenizer.eot_ids, 5) == []
 
 
 @pytest.mark.slow

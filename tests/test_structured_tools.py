@@ -10,7 +10,14 @@ import pytest
 from llamacy.chat_template import ChatTemplate
 from llamacy.errors import UsageError
 from llamacy.gguf import GGUFFile
-from llamacy.structured import Constraint, ToolCallStream, ToolPlan, parse_tool_calls
+from llamacy.structured import (
+    Constraint,
+    StructuredRequest,
+    ToolCallStream,
+    ToolPlan,
+    parse_tool_calls,
+    tool_call_deltas,
+)
 from llamacy.tokenizer import Tokenizer
 
 WEATHER = {
@@ -169,3 +176,26 @@ def test_stream_holds_back_calls(split):
     # A reply that starts like JSON is held to the end, and is content if it is not a call.
     s = ToolCallStream(["add"])
     assert s.feed('{"x": 1}') == "" and s.finish() == ('{"x": 1}', [])
+
+
+def test_structured_request(model):
+    tok, tpl = model
+    s = StructuredRequest.from_request(tpl, response_format={"type": "json_object"})
+    assert s.constrained and not s.tools.active and s.stream() is None
+    assert s.reply('{"a": 1}', "stop") == ('{"a": 1}', [], "stop")
+    # A forced call takes the call's grammar over response_format.
+    s = StructuredRequest.from_request(
+        tpl, response_format={"type": "json_object"}, tools=TOOLS, tool_choice="required"
+    )
+    assert s.grammar.source == "tool_calls"
+    c = s.constraint(tok)
+    assert tok.decode(c.forced()).startswith("<tool_call>")
+    content, calls, finish = s.reply(
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "stop"
+    )
+    assert content is None and finish == "tool_calls" and calls[0]["function"]["name"] == "add"
+    deltas = tool_call_deltas(calls)
+    assert deltas[0]["index"] == 0 and deltas[0]["function"]["arguments"] == '{"a": 1, "b": 2}'
+    s = StructuredRequest.from_request(tpl, tools=TOOLS)
+    assert not s.constrained and s.reply("Hello", "stop") == ("Hello", [], "stop")
+    assert StructuredRequest.none().constraint(tok) is None

@@ -197,3 +197,33 @@ def request_grammar(
 
 def _is_text_format(value: Any) -> bool:
     return isinstance(value, Mapping) and value.get("type") == "text"
+
+
+def cli_grammar(
+    json_object: bool = False, json_schema: str | None = None, grammar: str | None = None
+) -> Grammar | None:
+    """The grammar of `--json`, `--json-schema FILE_OR_JSON` or `--grammar FILE` (at most one of them)."""
+    given = [
+        n for n, v in (("--json", json_object), ("--json-schema", json_schema), ("--grammar", grammar)) if v
+    ]
+    if len(given) > 1:
+        raise UsageError(f"give only one of {', '.join(given)}")
+    if json_object:
+        return json_object_grammar()
+    if json_schema is not None:
+        if json_schema.lstrip().startswith("{"):
+            return json_schema_grammar(json_schema, "--json-schema")
+        return json_schema_grammar(_read(json_schema, "JSON schema"), f"JSON schema {json_schema}")
+    if grammar is not None:
+        return gbnf_grammar(_read(grammar, "grammar"))
+    return None
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {what} file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} file {path} is not UTF-8 text") from None

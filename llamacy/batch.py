@@ -235,7 +235,7 @@ def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
 
 
 def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str], list[int]]) -> Any:
-    from llamacy.engine import _sampling_params
+    from llamacy.generation import sampling_params
     from llamacy.scheduler import GenerationRequest
 
     if it.error is not None:
@@ -252,7 +252,7 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise UsageError("stop must be a string or a list of strings")
     try:
-        params = _sampling_params(opts)
+        params = sampling_params(opts)
     except (TypeError, ValueError) as e:
         raise UsageError(f"bad sampling options: {e}") from None
     ids = encode(it.prompt)

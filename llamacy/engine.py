@@ -5,60 +5,26 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llamacy.errors import ContextOverflowError, LlamacyError, UnsupportedModelError, UsageError
-from llamacy.sampling import Sampler, SamplingParams
-from llamacy.stopping import StopMatcher
+from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
+from llamacy.generation import Completion, Session, sampling_params
+from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
+
+if TYPE_CHECKING:
+    from llamacy.model import Model
 
 DEFAULT_CTX = 4096
 
 
-@dataclass
-class Stats:
-    load_s: float = 0.0
-    prompt_tokens: int = 0  # tokens in the prompt
-    prompt_evaluated: int = 0  # of those, evaluated now (the rest came from the KV cache)
-    prompt_s: float = 0.0
-    gen_tokens: int = 0
-    gen_s: float = 0.0
-    first_token_s: float = 0.0  # from the call to the first generated token
-    profile: dict[str, float] = field(default_factory=dict)  # seconds per stage, with profile=True
-
-    @property
-    def prompt_tps(self) -> float:
-        return self.prompt_evaluated / self.prompt_s if self.prompt_s > 0 else 0.0
-
-    @property
-    def gen_tps(self) -> float:
-        return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
-
-
-@dataclass
-class Completion:
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", or None while running
-    stats: Stats = field(default_factory=Stats)
-
-
-def _sampling_params(sampling: dict[str, Any]) -> SamplingParams:
-    aliases = {"temp": "temperature", "repeat_last": "repeat_last_n"}
-    kwargs = {aliases.get(k, k): v for k, v in sampling.items() if v is not None}
-    try:
-        params = SamplingParams(**kwargs)
-    except TypeError as e:
-        raise UsageError(f"unknown sampling option: {e}") from None
-    params.validate()
-    return params
-
-
 class Llama:
-    """A loaded model with its tokenizer and one KV cache (conversation state persists across calls)."""
+    """A loaded model: its file, config, tokenizer and bound weights. The single-sequence API (generate,
+    logits, create_completion) runs in a Session whose Model and KV cache are built on first use, and the
+    conversation persists in that cache across calls. A Scheduler builds its own many-sequence Model over
+    the same bound weights (new_model), so serving never builds the single-sequence one."""
 
     def __init__(
         self,
@@ -66,31 +32,35 @@ class Llama:
         n_ctx: int | None = None,
         n_threads: int | None = None,
         n_batch: int = 256,
-        verbose: bool = False,
         profile: bool = False,
-        kv_type: str = "f16",
+        kv_type: str = DEFAULT_KV_TYPE,
     ) -> None:
         t0 = time.perf_counter()
         from llamacy.catalog import resolve_model
         from llamacy.gguf import GGUFFile
-        from llamacy.model import Model, default_threads
+        from llamacy.kernels import ensure_cpu
+        from llamacy.memory import check_fits
+        from llamacy.model import default_threads
         from llamacy.model.architectures import config_from_metadata
-        from llamacy.model.kv_cache import kv_dtype
+        from llamacy.model.weights import WeightBinder
         from llamacy.tokenizer import Tokenizer
 
+        ensure_cpu()
         kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
-        self.kv_type = kv_type
-
-        self.model_path = resolve_model(model_path)
-        self.gguf = GGUFFile(self.model_path)
-        self.metadata = self.gguf.metadata
-        self.config = config_from_metadata(self.metadata, self.model_path.name)
         if n_threads is not None and n_threads < 1:
             raise UsageError(f"--threads must be at least 1, got {n_threads}")
         if n_ctx is not None and n_ctx < 1:
             raise UsageError(f"--ctx-size must be at least 1, got {n_ctx}")
         if n_batch < 1:
             raise UsageError(f"batch size must be at least 1, got {n_batch}")
+        self.kv_type = kv_type
+        self.n_batch = n_batch
+        self.profiling = profile
+
+        self.model_path = resolve_model(model_path)
+        self.gguf = GGUFFile(self.model_path)
+        self.metadata = self.gguf.metadata
+        self.config = config_from_metadata(self.metadata, self.model_path.name)
         self.n_ctx = n_ctx or min(self.config.n_ctx_train, DEFAULT_CTX)
         if self.n_ctx > self.config.n_ctx_train:
             raise UsageError(
@@ -105,8 +75,6 @@ class Llama:
                 f"{self.model_path.name}: the tokenizer has {self.tokenizer.n_vocab} tokens "
                 f"but the output layer only {self.config.n_vocab}"
             )
-        from llamacy.memory import check_fits
-
         weights = sum(t.n_bytes for t in self.gguf.tensors.values())
         scratch = (
             n_batch * 4 * (6 * self.config.n_embd + 3 * self.config.n_ff) + self.n_threads * self.n_ctx * 4
@@ -117,15 +85,47 @@ class Llama:
             scratch,
             f"{self.model_path.name} at --ctx-size {self.n_ctx}",
         )
-        self.model = Model(
-            self.gguf, self.n_ctx, self.n_threads, ubatch=n_batch, cfg=self.config, kv_type=kv_type
-        )
-        self.verbose = verbose
-        self.profiling = profile
-        if profile:
-            self.model.forward.set_profiling(True)
+        # Bound now, so that a missing or misshapen tensor fails the load; every Model shares the binding.
+        self.weights = WeightBinder(self.gguf, self.config).bind()
+        self._session: Session | None = None
         self.load_s = time.perf_counter() - t0
-        self.last: Completion | None = None
+
+    def new_model(self, n_ctx: int, n_threads: int, n_seq: int = 1, ubatch: int | None = None) -> Model:
+        """A Model over this file's bound weights, with its own scratch and a KV cache for n_seq sequences
+        of n_ctx tokens."""
+        from llamacy.model import Model
+
+        return Model(
+            self.gguf,
+            n_ctx,
+            n_threads,
+            n_seq=n_seq,
+            ubatch=ubatch or self.n_batch,
+            cfg=self.config,
+            kv_type=self.kv_type,
+            weights=self.weights,
+        )
+
+    @property
+    def session(self) -> Session:
+        """The single-sequence generation session (its Model is built on first use; that time counts as
+        loading)."""
+        if self._session is None:
+            t0 = time.perf_counter()
+            model = self.new_model(self.n_ctx, self.n_threads)
+            self._session = Session(model, self.tokenizer, self.config.n_ctx_train, self.profiling)
+            self.load_s += time.perf_counter() - t0
+        return self._session
+
+    @property
+    def model(self) -> Model:
+        """The single-sequence Model: evaluation with one KV cache of n_ctx tokens."""
+        return self.session.model
+
+    @property
+    def last(self) -> Completion | None:
+        """The latest generation's Completion (text, tokens, finish_reason, stats), as it grows."""
+        return self._session.last if self._session is not None else None
 
     # ---- tokens ---------------------------------------------------------------------------------------
     @property
@@ -153,16 +153,8 @@ class Llama:
 
     def reset(self) -> None:
         """Forget the conversation held in the KV cache."""
-        self.model.kv.clear()
-
-    def _prefill(self, ids: list[int]) -> np.ndarray:
-        """Make the cache hold exactly ids, reusing the common prefix; return the last logits."""
-        kv = self.model.kv
-        keep = kv.common_prefix(0, ids)
-        if keep == len(ids):
-            keep -= 1  # the last token is evaluated again: its logits are not stored
-        kv.truncate(0, keep)
-        return self.model.eval(ids[keep:], logits="last")
+        if self._session is not None:
+            self._session.model.kv.clear()
 
     # ---- generation -----------------------------------------------------------------------------------
     def generate_tokens(
@@ -174,84 +166,14 @@ class Llama:
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
-        is incomplete. self.last holds the Completion (text, finish_reason, stats) as it grows."""
-        params = _sampling_params(sampling)
+        is incomplete, and a last (-1, text) carries text held back to the end. self.last holds the
+        Completion (text, finish_reason, stats) as it grows."""
+        params = sampling_params(sampling)
         if max_tokens is not None and max_tokens < 0:
             max_tokens = None  # -1: until the context is full or the model stops
-        t0 = time.perf_counter()
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise UsageError("the prompt is empty (no tokens); give some text")
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} "
-                f"(raise --ctx-size, up to {self.config.n_ctx_train}, or shorten the prompt)"
-            )
-        done = Completion(stats=Stats(load_s=self.load_s, prompt_tokens=len(ids)))
-        self.last = done
-        st = done.stats
-        prof = self.profiling
-        t_sample = t_detok = 0.0
-        if prof:
-            self.model.forward.profile_reset()
-        st.prompt_evaluated = len(ids) - max(0, min(self.model.kv.common_prefix(0, ids), len(ids) - 1))
-        logits = self._prefill(ids)
-        t1 = time.perf_counter()
-        st.prompt_s = t1 - t0
-        sampler = Sampler(params, self.n_vocab)
-        history = list(ids)
-        stops = StopMatcher(list(stop))
-        decoder = self.tokenizer.stream_decoder()
-        eog = self.tokenizer.eot_ids
-        t_gen = t1
-        while True:
-            if max_tokens is not None and st.gen_tokens >= max_tokens:
-                done.finish_reason = "length"
-                break
-            ts = time.perf_counter()
-            if not np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
-                raise LlamacyError(
-                    f"the model produced non-finite logits at position {len(history)}: "
-                    "its weights are likely corrupt"
-                )
-            tok = sampler.sample(logits, history)
-            if prof:
-                t_sample += time.perf_counter() - ts
-            if st.gen_tokens == 0:
-                st.first_token_s = time.perf_counter() - t0
-            if tok in eog:
-                done.finish_reason = "stop"
-                break
-            st.gen_tokens += 1
-            done.tokens.append(tok)
-            history.append(tok)
-            ts = time.perf_counter()
-            piece = stops.feed(decoder.feed(tok))
-            if prof:
-                t_detok += time.perf_counter() - ts
-            done.text += piece
-            yield tok, piece
-            if stops.stopped:
-                done.finish_reason = "stop"
-                break
-            if self.model.kv.length(0) >= self.n_ctx or (
-                max_tokens is not None and st.gen_tokens >= max_tokens
-            ):
-                done.finish_reason = "length"
-                break
-            logits = self.model.eval([tok], logits="last")
-            st.gen_s = time.perf_counter() - t_gen
-        if not stops.stopped:
-            tail = stops.feed(decoder.flush()) + stops.flush()
-            if tail:
-                done.text += tail
-                yield -1, tail
-        st.gen_s = time.perf_counter() - t_gen
-        if prof:
-            st.profile = self.model.forward.profile()
-            st.profile["sampling"] = t_sample
-            st.profile["detokenizing"] = t_detok
-            st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))
+        session = self.session
+        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s)
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any

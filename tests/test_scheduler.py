@@ -84,6 +84,32 @@ def test_batched_logits_equal_solo_logits(llm):
         assert together[i].argmax() == alone[i].argmax()
 
 
+def test_serving_binds_the_weights_once_and_builds_one_model(llm, monkeypatch):
+    """What `llamacy serve` builds, a Llama and then a Scheduler, is one Model (one Forward, with its
+    scratch) over one binding of the weights; the single-sequence Model comes only with its API's use."""
+    import llamacy.model.forward as forward
+    import llamacy.model.weights as weights
+    from llamacy import Llama
+
+    built: list[int] = []
+    bound: list[int] = []
+    bind = weights.WeightBinder.bind
+
+    class CountingForward(forward.Forward):
+        def __init__(self, *args, **kwargs) -> None:
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(forward, "Forward", CountingForward)
+    monkeypatch.setattr(weights.WeightBinder, "bind", lambda self: bound.append(1) or bind(self))
+    served = Llama(llm.model_path, n_ctx=128, n_threads=1)
+    with Scheduler(served, n_parallel=2, n_ctx=128) as sched:
+        done = sched.submit(request(served, "Hello", 4, temperature=0)).result(30)
+    assert (len(built), len(bound)) == (1, 1)
+    assert done.tokens == solo(served, "Hello", 4, temperature=0)[0]
+    assert (len(built), len(bound)) == (2, 1)  # the single-sequence API built its Model on first use
+
+
 @pytest.mark.parametrize("prefill_chunk", [3, 64])
 def test_batched_outputs_equal_solo_outputs(llm, prefill_chunk):
     """7 requests over 3 slots (queueing, chunked prefill, slots reused): each answer is the solo one."""

@@ -62,7 +62,7 @@ def batch(
     if len(already) >= len(items) and all(_k(it.id) in already for it in items):
         _say(f"all {len(items)} prompts already have results in {output}")
         return
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64, kv_type=kv_type)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
     encode = None
     if chat:
         from llamacy.chat_template import ChatTemplate

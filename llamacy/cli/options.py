@@ -37,7 +37,7 @@ def sampling_kwargs(
     seed: int | None,
 ) -> dict[str, Any]:
     """Sampling options as keyword arguments, validated before any model is loaded."""
-    from llamacy.engine import _sampling_params
+    from llamacy.generation import sampling_params
 
     kwargs = dict(
         temperature=temp,
@@ -50,7 +50,7 @@ def sampling_kwargs(
         frequency_penalty=frequency_penalty,
         seed=None if seed is not None and seed == -1 else seed,
     )
-    _sampling_params(kwargs)
+    sampling_params(kwargs)
     return kwargs
 
 

@@ -56,8 +56,7 @@ def serve(
     from llamacy.server.runner import url_of
 
     sock = bind(host, port)  # before loading: a port in use fails fast
-    # The Llama's own Model (one sequence) stays small: the scheduler builds the batched one.
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, n_batch=64, kv_type=kv_type)
+    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)  # the scheduler builds the Model
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
     scheduler = Scheduler(llm, n_parallel=parallel, n_ctx=llm.n_ctx, queue_size=queue_size)
     settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl, model_name=llm.model_path.stem)

@@ -42,7 +42,10 @@ class Model:
         ubatch: int = 256,
         cfg: ModelConfig | None = None,
         kv_type: str = DEFAULT_KV_TYPE,
+        weights: tuple[dict, list[dict]] | None = None,
     ) -> None:
+        """weights: the tensors as WeightBinder.bind() returns them, when the caller has bound them
+        already (one binding serves every Model over the same file); bound here otherwise."""
         from llamacy.kernels import ensure_cpu
 
         ensure_cpu()
@@ -54,7 +57,7 @@ class Model:
         n_threads = min(n_threads, ensure_threads(n_threads))
         self.n_ctx = n_ctx
         self.n_threads = n_threads
-        glob, layers = WeightBinder(gguf, self.cfg).bind()
+        glob, layers = weights or WeightBinder(gguf, self.cfg).bind()
         self.forward = Forward(hparams_for_forward(self.cfg), glob, layers, ubatch, n_ctx, max(n_threads, 1))
         self.kv = KVCache(self.cfg, n_ctx, n_seq, kv_type)
         self._gguf = gguf  # the weights point into its mapping
@@ -75,13 +78,14 @@ class Model:
         rows = np.arange(n, dtype=np.int32) if logits == "all" else np.array([n - 1] if n else [], np.int32)
         out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
         self.forward.eval(tok, pos, seqs, self.kv.k, self.kv.v, rows, out, self.n_threads)
-        self.kv.tokens[seq].extend(int(t) for t in tokens)
+        self.kv.append(seq, tokens)
         return out if logits == "all" else out[0]
 
     def eval_batch(
         self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray
     ) -> np.ndarray:
-        """Raw batched evaluation (many sequences at once); the caller keeps kv.tokens up to date."""
+        """Raw batched evaluation (many sequences at once); the caller records what it evaluated with
+        kv.append."""
         out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
         self.forward.eval(
             tokens.astype(np.int32, copy=False),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamacy.errors import UnsupportedModelError
+from llamacy.model.kv_types import kv_itemsize
 
 ROPE_NORM = 0  # rotate adjacent pairs: llama as GGUF stores it
 ROPE_NEOX = 2  # rotate halves: qwen2/3, gemma3
@@ -61,12 +62,8 @@ class ModelConfig:
         return self.n_head_kv * self.head_dim
 
     def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16") -> int:
-        """Memory of a KV cache of kv_type (kv_cache.KV_TYPES) for n_ctx positions of n_seq sequences."""
-        import numpy as np
-
-        from llamacy.model.kv_cache import kv_dtype
-
-        return 2 * self.n_layer * n_seq * n_ctx * self.kv_width * np.dtype(kv_dtype(kv_type)).itemsize
+        """Memory of a KV cache of kv_type (kv_types.KV_TYPES) for n_ctx positions of n_seq sequences."""
+        return 2 * self.n_layer * n_seq * n_ctx * self.kv_width * kv_itemsize(kv_type)
 
 
 class MetadataReader:

@@ -13,25 +13,17 @@ Rows are rounded to nearest-even as they are written; everything computed from t
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llamacy.errors import UsageError
+from llamacy.model.kv_types import DEFAULT_KV_TYPE, KV_TYPES, kv_dtype
 
 if TYPE_CHECKING:
     from llamacy.model.config import ModelConfig
 
-KV_TYPES: dict[str, type] = {"f16": np.float16, "f32": np.float32}
-DEFAULT_KV_TYPE = "f16"
-
-
-def kv_dtype(kv_type: str) -> type:
-    """The numpy dtype of a cache type name; UsageError (one line) for an unknown one."""
-    try:
-        return KV_TYPES[kv_type]
-    except (KeyError, TypeError):
-        raise UsageError(f"--kv-type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}") from None
+__all__ = ["DEFAULT_KV_TYPE", "KV_TYPES", "KVCache", "kv_dtype"]
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -50,6 +42,9 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
 
 class KVCache:
+    """K/V memory for n_seq sequences and, per sequence, the token ids whose K/V it holds. Whoever evaluates
+    tokens into a sequence records them with append(); nobody else writes `tokens`."""
+
     def __init__(self, cfg: ModelConfig, n_ctx: int, n_seq: int = 1, kv_type: str = DEFAULT_KV_TYPE) -> None:
         dtype = kv_dtype(kv_type)
         shape = (cfg.n_layer, n_seq, cfg.n_head_kv, n_ctx, cfg.head_dim)
@@ -72,7 +67,18 @@ class KVCache:
         """Forget positions n and beyond (their K/V are overwritten when next evaluated)."""
         del self.tokens[seq][n:]
 
-    def common_prefix(self, seq: int, ids: list[int]) -> int:
+    def append(self, seq: int, tokens: Sequence[int]) -> None:
+        """Record that the K/V of `tokens` now fill the next positions of sequence seq."""
+        self.tokens[seq].extend(int(t) for t in tokens)
+
+    def reuse_prefix(self, seq: int, ids: Sequence[int]) -> int:
+        """Keep the longest cached prefix of ids in sequence seq and forget the rest; return how many
+        tokens are kept. At least the last id is left to evaluate, because its logits are not stored."""
+        keep = max(0, min(self.common_prefix(seq, ids), len(ids) - 1))
+        self.truncate(seq, keep)
+        return keep
+
+    def common_prefix(self, seq: int, ids: Sequence[int]) -> int:
         cached = self.tokens[seq]
         n = min(len(cached), len(ids))
         i = 0

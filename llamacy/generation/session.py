@@ -1,0 +1,115 @@
+"""Single-sequence generation: one conversation held in a Model's KV cache across calls.
+
+    session = Session(model, tokenizer, n_ctx_train)
+    for tok, piece in session.generate(ids, params, max_tokens=16):
+        ...
+    session.last                       # the Completion: text, tokens, finish_reason, stats
+
+Each call keeps the cached prefix it shares with the previous conversation (a chat that goes on evaluates only
+its new tokens). The steps after the prompt are the scheduler's: see steps.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llamacy.generation.steps import SequenceState, check_prompt
+from llamacy.sampling import Sampler, SamplingParams
+
+
+@dataclass
+class Stats:
+    load_s: float = 0.0
+    prompt_tokens: int = 0  # tokens in the prompt
+    prompt_evaluated: int = 0  # of those, evaluated now (the rest came from the KV cache)
+    prompt_s: float = 0.0
+    gen_tokens: int = 0
+    gen_s: float = 0.0
+    first_token_s: float = 0.0  # from the call to the first generated token
+    profile: dict[str, float] = field(default_factory=dict)  # seconds per stage, with profiling on
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_evaluated / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def gen_tps(self) -> float:
+        return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", or None while running
+    stats: Stats = field(default_factory=Stats)
+
+
+class Session:
+    """Generation in sequence 0 of a Model (built with one sequence)."""
+
+    def __init__(self, model: Any, tokenizer: Any, n_ctx_train: int, profiling: bool = False) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.n_ctx = model.n_ctx
+        self.n_ctx_train = n_ctx_train
+        self.profiling = profiling
+        if profiling:
+            model.forward.set_profiling(True)
+        self.last: Completion | None = None
+
+    def generate(
+        self,
+        ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+        load_s: float = 0.0,
+    ) -> Iterator[tuple[int, str]]:
+        """Yield (token id, text piece) as generated, then (-1, text held back to the end) if any. The piece
+        is "" while a character or stop string is incomplete. self.last grows as it goes."""
+        t0 = time.perf_counter()
+        model = self.model
+        kv = model.kv
+        ids = list(ids)
+        check_prompt(ids, self.n_ctx, model.cfg.n_vocab, self.n_ctx_train)
+        done = Completion(stats=Stats(load_s=load_s, prompt_tokens=len(ids)))
+        self.last = done
+        st = done.stats
+        if self.profiling:
+            model.forward.profile_reset()
+        # The tokenizer's end-of-generation ids are read now: a caller may change them between calls.
+        sampler = Sampler(params, model.cfg.n_vocab)
+        state = SequenceState(ids, sampler, self.tokenizer, stop, self.tokenizer.eot_ids, max_tokens)
+        keep = kv.reuse_prefix(0, ids)
+        st.prompt_evaluated = len(ids) - keep
+        logits = model.eval(ids[keep:], logits="last")
+        t_gen = time.perf_counter()
+        st.prompt_s = t_gen - t0
+        while True:
+            step = state.step(logits, context_full=kv.length(0) >= self.n_ctx)
+            if not st.first_token_s:
+                st.first_token_s = time.perf_counter() - t0
+            if step.token is not None:
+                st.gen_tokens += 1
+                done.tokens.append(step.token)
+                done.text += step.piece
+                yield step.token, step.piece
+            if step.finish_reason is not None:
+                done.finish_reason = step.finish_reason
+                break
+            logits = model.eval([step.token], logits="last")
+            st.gen_s = time.perf_counter() - t_gen
+        tail = state.flush()
+        if tail:
+            done.text += tail
+            yield -1, tail
+        st.gen_s = time.perf_counter() - t_gen
+        if self.profiling:
+            st.profile = model.forward.profile()
+            st.profile["sampling"] = state.t_sample
+            st.profile["detokenizing"] = state.t_detok
+            st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))

@@ -1,0 +1,152 @@
+"""The steps every generator takes, written once: the single-sequence session and the scheduler both use them.
+
+- sampling_params: request options (dict) -> validated SamplingParams.
+- check_prompt: a prompt that can never run fails before any work, with a one-line error.
+- SequenceState.step: sample a token from the logits of the last position, end of generation (stop ids),
+  detokenization, stop strings, max_tokens and a full context; SequenceState.flush: at the end, the text
+  held back (an incomplete character, a possible stop string) is released.
+
+Prefix reuse lives with the KV cache (KVCache.reuse_prefix), which both generators call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llamacy.errors import ContextOverflowError, LlamacyError, UsageError
+from llamacy.sampling import Sampler, SamplingParams
+from llamacy.stopping import StopMatcher
+
+# Short names the command line and llama-cpp-python style callers use for SamplingParams fields.
+_ALIASES = {"temp": "temperature", "repeat_last": "repeat_last_n"}
+
+
+def sampling_params(options: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from keyword options (None: the default); UsageError for an unknown or bad one."""
+    kwargs = {_ALIASES.get(k, k): v for k, v in options.items() if v is not None}
+    try:
+        params = SamplingParams(**kwargs)
+    except TypeError as e:
+        raise UsageError(f"unknown sampling option: {e}") from None
+    params.validate()
+    return params
+
+
+def check_prompt(ids: Sequence[int], n_ctx: int, n_vocab: int, n_ctx_train: int) -> None:
+    """Refuse a prompt that can never run: empty, ids outside the vocabulary, or no room left in a
+    context of n_ctx tokens for even one generated token."""
+    if not ids:
+        raise UsageError("the prompt is empty (no tokens); give some text")
+    if len(ids) >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(ids)} tokens but the context holds {n_ctx} "
+            f"(raise --ctx-size, up to {n_ctx_train}, or shorten the prompt)"
+        )
+    if min(ids) < 0 or max(ids) >= n_vocab:
+        raise UsageError(f"the prompt holds token ids outside the vocabulary [0, {n_vocab})")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float  # log-softmax of the model's raw logits (before penalties and temperature)
+    top: list[tuple[int, float]]  # the k most likely (token, logprob), best first
+
+
+def token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """The logprob of `token` under the logits `row`, and the k most likely alternatives."""
+    x = row.astype(np.float64)
+    mx = x.max()
+    lse = mx + np.log(np.exp(x - mx).sum())
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        k = min(k, len(x))
+        ids = np.argpartition(-x, k - 1)[:k]
+        ids = ids[np.lexsort((ids, -x[ids]))]  # best first, ties by id
+        top = [(int(i), float(x[i] - lse)) for i in ids]
+    return TokenLogprob(token, float(x[token] - lse), top)
+
+
+@dataclass(frozen=True)
+class Step:
+    token: int | None  # the generated token; None when the sequence ended without one
+    piece: str  # text safe to show now: "" while a character or a possible stop string is incomplete
+    logprob: TokenLogprob | None  # when logprobs were asked for
+    finish_reason: str | None  # "stop" (a stop id or string), "length" (max_tokens or context), None: go on
+
+
+class SequenceState:
+    """One sequence's generation state between tokens: sampler, history for the penalties, the streaming
+    detokenizer, the stop strings, and what was generated so far."""
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        sampler: Sampler,
+        tokenizer: Any,
+        stop: Sequence[str] = (),
+        stop_ids: Collection[int] = (),
+        max_tokens: int | None = None,
+        logprobs: int | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.history = list(prompt)  # what the penalties look at: prompt + generated
+        self.stop_ids = stop_ids
+        self.max_tokens = max_tokens  # None: no limit but the context
+        self.logprobs = logprobs  # None: off; k: the token's logprob and k alternatives
+        self.decoder = tokenizer.stream_decoder()
+        self.stops = StopMatcher(list(stop))
+        self.tokens: list[int] = []
+        self.text: list[str] = []  # the pieces shown so far
+        # Seconds spent in sampling and in detokenizing (profiles report them).
+        self.t_sample = 0.0
+        self.t_detok = 0.0
+
+    @property
+    def at_limit(self) -> bool:
+        return self.max_tokens is not None and len(self.tokens) >= self.max_tokens
+
+    def step(self, logits: np.ndarray, context_full: bool) -> Step:
+        """The next token from the logits of the last evaluated position. context_full: the cache has no
+        room to evaluate another token, so the one sampled now is the last."""
+        if self.at_limit:  # max_tokens = 0
+            return Step(None, "", None, "length")
+        if not np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
+            raise LlamacyError(
+                f"the model produced non-finite logits at position {len(self.history)}: "
+                "its weights are likely corrupt"
+            )
+        t0 = time.perf_counter()
+        tok = self.sampler.sample(logits, self.history)
+        t1 = time.perf_counter()
+        self.t_sample += t1 - t0
+        if tok in self.stop_ids:
+            return Step(None, "", None, "stop")
+        self.tokens.append(tok)
+        self.history.append(tok)
+        piece = self.stops.feed(self.decoder.feed(tok))
+        self.t_detok += time.perf_counter() - t1
+        lp = token_logprob(logits, tok, self.logprobs) if self.logprobs is not None else None
+        if piece:
+            self.text.append(piece)
+        reason = None
+        if self.stops.stopped:
+            reason = "stop"
+        elif self.at_limit or context_full:
+            reason = "length"
+        return Step(tok, piece, lp, reason)
+
+    def flush(self) -> str:
+        """At the end of generation: release the text held back as an incomplete character or a possible
+        stop string (nothing once a stop string has ended the sequence)."""
+        if self.stops.stopped:
+            return ""
+        tail = self.stops.feed(self.decoder.flush()) + self.stops.flush()
+        if tail:
+            self.text.append(tail)
+        return tail

@@ -1,0 +1,71 @@
+"""Applying a step's results: every sequence whose logits came back takes the generation step shared with
+the single-sequence session (sampling, logprobs, end of generation, stop strings), and its events go out:
+a Piece whenever text becomes safe to show, a Done at the end."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from llamacy.generation import Step
+from llamacy.scheduler.plan import Running
+from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
+
+
+def advance(s: Running, row: np.ndarray, context_full: bool) -> Step:
+    """Sample the next token of s from its logits row and send the text that is now safe to show. The
+    caller finishes s when the step has a finish_reason."""
+    if s.t_first is None:
+        s.t_first = time.perf_counter()
+    step = s.state.step(row, context_full)
+    if step.token is not None:
+        s.unsent.append(step.token)
+        if step.logprob is not None:
+            s.unsent_lp.append(step.logprob)
+        if step.piece:
+            send(s, step.piece)
+        if step.finish_reason is None:
+            s.next_token = step.token
+    return step
+
+
+def send(s: Running, text: str) -> None:
+    """A Piece with text and the tokens generated since the previous one."""
+    lp = s.unsent_lp if s.handle.request.logprobs is not None else None
+    s.handle._emit(Piece(text, s.unsent, lp))
+    s.unsent, s.unsent_lp = [], []
+
+
+def final_event(s: Running, reason: str) -> Done:
+    """The Done that ends s. Unless it was cancelled, the text held back to the end (a possible stop string,
+    an incomplete character) and unsent tokens go out first in a last Piece."""
+    if reason != "cancelled":
+        tail = s.state.flush()
+        if tail or s.unsent:
+            send(s, tail)
+    now = time.perf_counter()
+    h = s.handle
+    t_first = s.t_first or now
+    prompt_s = t_first - s.t_start
+    predict_s = now - t_first
+    n_eval = len(s.prompt) - s.cached
+    n_gen = len(s.state.tokens)
+    timings = Timings(
+        queue_ms=(s.t_start - h.t_created) * 1000,
+        prompt_ms=prompt_s * 1000,
+        predict_ms=predict_s * 1000,
+        total_ms=(now - h.t_created) * 1000,
+        prompt_tokens_per_second=n_eval / prompt_s if prompt_s > 0 else 0.0,
+        tokens_per_second=n_gen / predict_s if predict_s > 0 else 0.0,
+    )
+    usage = Usage(len(s.prompt), n_gen, s.cached)
+    return Done(reason, "".join(s.state.text), s.state.tokens, usage, timings, h.seed)
+
+
+def cancelled_in_queue(handle: Handle) -> Done:
+    """The Done of a request cancelled before it got a slot."""
+    ms = (time.perf_counter() - handle.t_created) * 1000
+    return Done(
+        "cancelled", "", [], Usage(handle.prompt_tokens, 0, 0), Timings(ms, 0, 0, ms, 0, 0), handle.seed
+    )

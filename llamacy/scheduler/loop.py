@@ -1,0 +1,305 @@
+"""The Scheduler: its public API (any thread) and the scheduler thread, which admits requests into free
+slots and runs steps: plan (plan.py), evaluate, apply (apply.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from llamacy.errors import UsageError
+from llamacy.generation import SequenceState, check_prompt
+from llamacy.kernels.parallel import rest as rest_workers
+from llamacy.sampling import Sampler
+from llamacy.scheduler.apply import advance, cancelled_in_queue, final_event
+from llamacy.scheduler.plan import Running, plan_step
+from llamacy.scheduler.requests import (
+    MAX_LOGPROBS,
+    Event,
+    Failed,
+    GenerationRequest,
+    Handle,
+    QueueFull,
+    SchedulerClosed,
+    log,
+)
+
+if TYPE_CHECKING:
+    from llamacy.engine import Llama
+
+DEFAULT_PREFILL_CHUNK = 64
+SOLO_PREFILL_CHUNK = 256  # prompt tokens per step when nothing decodes: the Model's micro-batch
+_RATE_WINDOW_S = 10.0  # generation tokens/s is measured over this trailing window
+
+
+class Scheduler:
+    """Runs generation requests in parallel sequences of one model (see the package docstring)."""
+
+    def __init__(
+        self,
+        llm: Llama,
+        n_parallel: int = 4,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        queue_size: int = 64,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        if n_parallel < 1:
+            raise UsageError(f"--parallel must be at least 1, got {n_parallel}")
+        if queue_size < 1:
+            raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
+        if prefill_chunk < 1:
+            raise UsageError(f"the prefill chunk must be at least 1 token, got {prefill_chunk}")
+        self.n_ctx = n_ctx or llm.n_ctx  # per sequence
+        self.n_ctx_train = llm.config.n_ctx_train
+        if not 1 <= self.n_ctx <= self.n_ctx_train:
+            raise UsageError(
+                f"--ctx-size must be between 1 and the model's trained context of {self.n_ctx_train}, "
+                f"got {self.n_ctx}"
+            )
+        self.n_parallel = n_parallel
+        self.n_threads = n_threads or llm.n_threads
+        self.queue_size = queue_size
+        self.prefill_chunk = prefill_chunk
+        self.tokenizer = llm.tokenizer
+        self.n_vocab = llm.n_vocab
+        self.eog_ids = frozenset(llm.tokenizer.eot_ids)
+        # Our own Model over llm's bound weights: a KV cache laid out for n_parallel sequences, and scratch
+        # that this thread alone uses. (llm builds its single-sequence Model only if its own API is used.)
+        self.model = llm.new_model(self.n_ctx, self.n_threads, n_seq=n_parallel, ubatch=SOLO_PREFILL_CHUNK)
+        self._solo_chunk = max(prefill_chunk, SOLO_PREFILL_CHUNK)
+
+        self._cond = threading.Condition()
+        self._pending: deque[tuple[Handle, Sampler]] = deque()  # guarded by _cond
+        self._closing = False  # guarded by _cond
+        self._thread: threading.Thread | None = None
+        # Owned by the scheduler thread.
+        self._active: dict[int, Running] = {}  # slot -> sequence
+        self._free: list[int] = list(range(n_parallel))
+        self._last_used = [0.0] * n_parallel
+        # Counters for metrics (ints/floats: reads from other threads see a recent value, no tear).
+        self.n_active = 0
+        self.prompt_tokens_total = 0  # prompt tokens of admitted requests
+        self.prompt_evaluated_total = 0  # of those, evaluated (the rest came from a slot's cache)
+        self.generated_tokens_total = 0
+        self.steps_total = 0
+        self.finished_total: dict[str, int] = {}
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
+        self._step_hooks: list[Callable[[], None]] = []
+
+    # ---- public API (any thread) --------------------------------------------------------------------
+
+    def start(self) -> Scheduler:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="llamacy-scheduler", daemon=True)
+                self._thread.start()
+        return self
+
+    def __enter__(self) -> Scheduler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def alive(self) -> bool:
+        """The scheduler thread is running (started, not shut down, not crashed)."""
+        return self._thread is not None and self._thread.is_alive() and not self._closing
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def submit(self, request: GenerationRequest, listener: Callable[[Event], None] | None = None) -> Handle:
+        """Queue a request. Raises UsageError/ContextOverflowError for a request that can never run,
+        QueueFull when the queue is full, SchedulerClosed after shutdown."""
+        check_prompt(request.prompt, self.n_ctx, self.n_vocab, self.n_ctx_train)
+        if request.max_tokens is not None and request.max_tokens < 0:
+            raise UsageError(f"max_tokens must be at least 0, got {request.max_tokens}")
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
+            raise UsageError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {request.logprobs}")
+        # Built now so that bad sampling options fail here and the seed is known from the start.
+        sampler = Sampler(request.params, self.n_vocab)
+        handle = Handle(request, sampler.seed, listener, wake=self._wake)
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosed("the scheduler is shut down")
+            if len(self._pending) >= self.queue_size:
+                raise QueueFull(f"the queue is full ({self.queue_size} requests waiting); retry later")
+            self._pending.append((handle, sampler))
+            self._cond.notify()
+        return handle
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the thread after its current step; unfinished requests end with Failed."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        else:  # never started: fail whatever was queued
+            self._fail_all("the server is shutting down")
+
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Call hook() on the scheduler thread after each step's events have gone to their listeners (and
+        after the final failures at shutdown): a listener that batches events for another thread (the
+        server's event loop) hands them over there, one wake-up per step instead of one per event."""
+        self._step_hooks.append(hook)
+
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second over the last few seconds (all sequences together)."""
+        recent = list(self._recent)
+        now = time.perf_counter()
+        n = sum(k for t, k in recent if now - t <= _RATE_WINDOW_S)
+        return n / _RATE_WINDOW_S if recent else 0.0
+
+    # ---- the scheduler thread -----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _run_step_hooks(self) -> None:
+        for hook in list(self._step_hooks):
+            try:
+                hook()
+            except Exception:  # a consumer's bug must not stop the other sequences
+                log.exception("step hook failed")
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    # Sleep while there is nothing to do: no busy-waiting when idle.
+                    while not self._closing and not self._pending and not self._active:
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    admitted = self._admit_locked()
+                for seq in admitted:
+                    self._active[seq.slot] = seq
+                self.n_active = len(self._active)
+                self._drop_cancelled()
+                if self._active:
+                    self._step()
+                self._run_step_hooks()
+        except BaseException:  # a bug here must not leave clients waiting forever
+            log.exception("scheduler thread crashed")
+            with self._cond:
+                self._closing = True
+            raise
+        finally:
+            self._fail_all("the server is shutting down")
+
+    def _admit_locked(self) -> list[Running]:
+        """Give free slots to waiting requests, oldest first (called with _cond held)."""
+        admitted = []
+        while self._pending and self._free:
+            handle, sampler = self._pending.popleft()
+            if handle.cancelled:
+                self._finish_unstarted(handle)
+                continue
+            admitted.append(self._start(handle, sampler))
+        # Requests cancelled while waiting leave the queue now rather than when a slot frees up.
+        if any(h.cancelled for h, _ in self._pending):
+            for entry in [e for e in self._pending if e[0].cancelled]:
+                self._pending.remove(entry)
+                self._finish_unstarted(entry[0])
+        return admitted
+
+    def _start(self, handle: Handle, sampler: Sampler) -> Running:
+        req = handle.request
+        prompt = req.prompt
+        kv = self.model.kv
+        # The free slot sharing the longest prefix with the prompt; else the least recently used one, so
+        # that recent conversations keep their cache longest.
+        slot = max(self._free, key=lambda s: (kv.common_prefix(s, prompt), -self._last_used[s]))
+        self._free.remove(slot)
+        keep = kv.reuse_prefix(slot, prompt)
+        handle.started_at = time.time()
+        stop_ids = (
+            frozenset() if req.ignore_eos else req.stop_ids if req.stop_ids is not None else self.eog_ids
+        )
+        state = SequenceState(
+            prompt, sampler, self.tokenizer, req.stop, stop_ids, req.max_tokens, req.logprobs
+        )
+        self.prompt_tokens_total += len(prompt)
+        self.prompt_evaluated_total += len(prompt) - keep
+        return Running(handle, slot, keep, state)
+
+    def _finish_unstarted(self, handle: Handle) -> None:
+        self._count("cancelled")
+        handle._emit(cancelled_in_queue(handle))
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._active.values() if s.handle.cancelled]:
+            self._finish(seq, "cancelled")
+
+    def _step(self) -> None:
+        """One batch: plan it, evaluate it, apply its results."""
+        kv = self.model.kv
+        plan = plan_step(self._active.values(), kv, self.prefill_chunk, self._solo_chunk)
+        try:
+            logits = self.model.eval_batch(*plan.arrays())
+        except Exception as e:  # the cache of these sequences is now undefined: fail them, keep serving
+            log.exception("batch evaluation failed")
+            for s in plan.sequences:
+                kv.clear(s.slot)
+                self._fail(s, f"evaluation failed: {e}")
+            return
+        self.steps_total += 1
+        if self.n_threads > 1:
+            # Sampling and handing out text come next (a millisecond or more, on this thread, holding the
+            # GIL): the team's workers would spin through it on cores the event loop needs.
+            rest_workers()
+        plan.record(kv)
+        n_generated = 0
+        for row, s in enumerate(plan.owners):
+            try:
+                step = advance(s, logits[row], context_full=kv.length(s.slot) >= self.n_ctx)
+            except Exception as e:  # e.g. NaN logits: this sequence only
+                log.exception("sampling failed for request %s", s.handle.id)
+                self._fail(s, f"sampling failed: {e}")
+                continue
+            n_generated += step.token is not None
+            if step.finish_reason is not None:
+                self._finish(s, step.finish_reason)
+        self.generated_tokens_total += n_generated
+        now = time.perf_counter()
+        self._recent.append((now, n_generated))
+        while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def _finish(self, s: Running, reason: str) -> None:
+        done = final_event(s, reason)
+        self._release(s)
+        self._count(reason)
+        s.handle._emit(done)
+
+    def _fail(self, s: Running, message: str, shutdown: bool = False) -> None:
+        self._release(s)
+        self._count("error")
+        s.handle._emit(Failed(message, shutdown))
+
+    def _count(self, reason: str) -> None:
+        self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
+
+    def _release(self, s: Running) -> None:
+        if self._active.pop(s.slot, None) is s:
+            self._free.append(s.slot)
+            self._last_used[s.slot] = time.perf_counter()
+        # The slot's cache keeps what it holds (even a half-done prompt is a valid prefix) for reuse.
+        self.n_active = len(self._active)
+
+    def _fail_all(self, message: str) -> None:
+        for s in list(self._active.values()):
+            self._fail(s, message, shutdown=True)
+        with self._cond:
+            pending, self._pending = list(self._pending), deque()
+        for h, _ in pending:
+            h._emit(Failed(message, shutdown=True))
+        self._run_step_hooks()

@@ -1,0 +1,104 @@
+"""Planning a step: which sequences go into the next batch, and which chunk of each prompt.
+
+A step is ONE call to Model.eval_batch holding the next token of every decoding sequence plus chunks of the
+prompts of the oldest prefilling sequences (chunked prefill: a long prompt costs the others at most
+`prefill_chunk` extra tokens per step). When nothing is decoding there is nobody to stall, and prompts go in
+`solo_chunk` tokens at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llamacy.generation import SequenceState, TokenLogprob
+from llamacy.model.kv_cache import KVCache
+from llamacy.scheduler.requests import Handle
+
+
+class Running:
+    """A request that holds a slot (sequence `slot` of the KV cache): its prompt progress and generation
+    state. Owned by the scheduler thread."""
+
+    def __init__(self, handle: Handle, slot: int, cached: int, state: SequenceState) -> None:
+        self.handle = handle
+        self.slot = slot
+        self.prompt = handle.request.prompt
+        self.cached = cached  # prompt tokens reused from the slot's cache
+        self.n_prompt_done = cached  # prompt tokens whose K/V are in the cache
+        self.state = state
+        self.next_token: int | None = None  # sampled, evaluated at the next step
+        self.unsent: list[int] = []  # tokens not yet reported in a Piece
+        self.unsent_lp: list[TokenLogprob] = []
+        self.t_start = time.perf_counter()
+        self.t_first: float | None = None  # when the prompt was done
+
+    @property
+    def prefilling(self) -> bool:
+        return self.next_token is None
+
+
+@dataclass
+class StepPlan:
+    """One batch: (token, position, sequence) triples, and the rows whose logits come back."""
+
+    tokens: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # batch indices whose logits are wanted
+    owners: list[Running] = field(default_factory=list)  # the sequence of each row, in row order
+    decoding: list[Running] = field(default_factory=list)  # each evaluates its next_token
+    chunks: list[tuple[Running, list[int]]] = field(default_factory=list)  # prompt tokens evaluated
+
+    @property
+    def sequences(self) -> list[Running]:
+        """Every sequence with tokens in the batch."""
+        return self.decoding + [s for s, _ in self.chunks]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """tokens, positions, sequences and rows as Model.eval_batch takes them."""
+        return (
+            np.asarray(self.tokens, np.int32),
+            np.asarray(self.pos, np.int32),
+            np.asarray(self.seqs, np.int32),
+            np.asarray(self.rows, np.int32),
+        )
+
+    def record(self, kv: KVCache) -> None:
+        """After the batch was evaluated: the cache holds its tokens, the prompts have advanced."""
+        for s in self.decoding:
+            kv.append(s.slot, [s.next_token])  # type: ignore[list-item]
+        for s, chunk in self.chunks:
+            kv.append(s.slot, chunk)
+            s.n_prompt_done += len(chunk)
+
+
+def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_chunk: int) -> StepPlan:
+    """A token for every decoding sequence, then prompt chunks, oldest request first."""
+    plan = StepPlan()
+    active = list(active)
+    plan.decoding = [s for s in active if not s.prefilling]
+    prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.t_start)
+    for s in plan.decoding:
+        plan.rows.append(len(plan.tokens))
+        plan.owners.append(s)
+        plan.tokens.append(s.next_token)  # type: ignore[arg-type]
+        plan.pos.append(kv.length(s.slot))
+        plan.seqs.append(s.slot)
+    budget = prefill_chunk if plan.decoding else solo_chunk
+    for s in prefilling:
+        if budget <= 0:
+            break
+        chunk = s.prompt[s.n_prompt_done : s.n_prompt_done + budget]
+        budget -= len(chunk)
+        plan.chunks.append((s, chunk))
+        plan.tokens.extend(chunk)
+        plan.pos.extend(range(s.n_prompt_done, s.n_prompt_done + len(chunk)))
+        plan.seqs.extend([s.slot] * len(chunk))
+        if s.n_prompt_done + len(chunk) == len(s.prompt):  # the prompt is done: its last logits sample
+            plan.rows.append(len(plan.tokens) - 1)
+            plan.owners.append(s)
+    return plan

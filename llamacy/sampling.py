@@ -1,10 +1,12 @@
-"""Token sampling: penalties → top-k → top-p → min-p → temperature → draw.
+"""Token sampling: logit bias → penalties → top-k → top-p → min-p → temperature → draw.
 
 The chain and each step's rule follow the reference engine's common sampler (llama.cpp,
 src/llama-sampling.cpp: llama_sampler_penalties/top_k/top_p/min_p/temp/dist), so that the same settings
 mean the same thing here and there:
 
-- penalties act on the raw logits of the tokens seen in the last `repeat_last_n` ids of the history
+- logit_bias (OpenAI's): a number in [-100, 100] added to the logit of each token id it names, before
+  everything else (llama.cpp's chain starts with its logit-bias sampler too); -100 all but bans a token.
+- penalties act on the (biased) logits of the tokens seen in the last `repeat_last_n` ids of the history
   (prompt + generated, as llama.cpp feeds the prompt to its sampler too): a logit ≤ 0 is multiplied by
   `repeat_penalty`, a positive one divided by it; then `count * frequency_penalty + presence_penalty` is
   subtracted (OpenAI's definition; count = occurrences in the window).
@@ -28,7 +30,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 import numpy as np
@@ -42,6 +44,7 @@ MAX_REPEAT_PENALTY = 100.0
 # OpenAI's documented range for presence/frequency penalties.
 MAX_OPENAI_PENALTY = 2.0
 MAX_SEED = 2**64 - 1
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: [-100, 100]
 
 # When top-k is off, top-p looks at the best `_TOP_P_FIRST_WINDOW` candidates first and widens the window
 # (×8) only if their cumulative probability has not reached top_p: no full sort of a 262k vocabulary.
@@ -72,6 +75,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def validate(self) -> None:
         """Raise UsageError (one line, naming the option) for a value the chain cannot use."""
@@ -99,6 +103,12 @@ class SamplingParams:
             )
         for name in ("presence_penalty", "frequency_penalty"):
             real_in(name, getattr(self, name), -MAX_OPENAI_PENALTY, MAX_OPENAI_PENALTY, False, " (0 = off)")
+        if not isinstance(self.logit_bias, dict):
+            raise UsageError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+        for tid, bias in self.logit_bias.items():
+            if not _is_int(tid) or tid < 0:
+                raise UsageError(f"logit_bias keys must be token ids (integers ≥ 0), got {tid!r}")
+            real_in(f"logit_bias[{tid}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, False, "")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
             raise UsageError(
                 f"seed must be an integer in [0, 2^64-1] (omit it for a random one), got {self.seed!r}"
@@ -119,6 +129,13 @@ class Sampler:
             raise UsageError(f"n_vocab must be a positive integer, got {n_vocab!r}")
         self.params = params
         self.n_vocab = int(n_vocab)
+        bias = params.logit_bias
+        if bias and max(bias) >= self.n_vocab:
+            raise UsageError(
+                f"logit_bias names token id {max(bias)}, outside the vocabulary [0, {self.n_vocab})"
+            )
+        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         # The seed actually used; printed by the CLI so that an unseeded run can be replayed.
         self.seed: int = params.seed if params.seed is not None else secrets.randbits(32)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
@@ -150,6 +167,9 @@ class Sampler:
         -inf before anything else, so penalties, top-k and the rest see only allowed tokens.
         """
         x = self._as_row(logits)
+        if len(self._bias):
+            x = x.copy()  # the caller's logits stay as they were
+            x[self._bias_ids] += self._bias
         if mask is not None:
             x = self._apply_mask(x, mask)
         p = self.params

@@ -11,18 +11,21 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Literal
 
 import httpx
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 openai = pytest.importorskip("openai")
 
 from llamacy.chat_template import ChatTemplate  # noqa: E402
 from llamacy.scheduler import Scheduler  # noqa: E402
 from llamacy.server import ServerSettings, ServerThread, create_app  # noqa: E402
-from llamacy.server.jobs import JobStore  # noqa: E402
+from llamacy.server.job_store import JobStore  # noqa: E402
 
 API_KEY = "test-key"
 
@@ -224,34 +227,71 @@ def test_stop_strings_and_logprobs(llm, client):
     assert len(content) == r.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
 
 
+class GoJobStats(BaseModel):
+    """The seed document's job API as its Go client decodes it: these names, these types, strictly."""
+
+    model_config = ConfigDict(strict=True)
+    load_time_ms: int
+    prompt_time_ms: int
+    predict_time_ms: int
+    total_time_ms: int
+
+
+class GoJob(BaseModel):
+    model_config = ConfigDict(strict=True)
+    id: str
+    status: Literal["pending", "running", "done", "error"]
+    prompt: str
+    response: str
+    stats: GoJobStats
+
+
+class GoJobStatus(BaseModel):
+    model_config = ConfigDict(strict=True)
+    id: str
+    status: Literal["pending", "running", "done", "error"]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+
+
 def test_jobs(llm, http):
-    r = http.post("/jobs", json={"prompt": "The capital of France is", "max_tokens": 8, "seed": 4})
-    assert r.status_code == 202
-    job_id = r.json()["id"]
+    my_id = "0b6d4c0e-9d1c-4d8e-8f4e-2f7c1f0e5a11"
+    prompt = "The capital of France is"
+    r = http.post("/jobs", json={"id": my_id, "prompt": prompt, "max_tokens": 8, "seed": 4})
+    assert r.status_code == 202 and r.json()["id"] == my_id
     assert r.json()["status"] in ("pending", "running", "done")
+    # Every state decodes into the same types (the Go client polls GET /jobs/{id} too).
+    early = GoJob.model_validate_json(http.get(f"/jobs/{my_id}").content)
+    assert early.prompt == prompt and early.stats.load_time_ms >= 0
     deadline = time.monotonic() + 30
-    while (status := http.get(f"/jobs/status/{job_id}").json())["status"] in ("pending", "running"):
+    while (status := GoJobStatus.model_validate_json(http.get(f"/jobs/status/{my_id}").content)).status in (
+        "pending",
+        "running",
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert status["status"] == "done" and status["created_at"].endswith("Z")
-    assert status["created_at"] <= status["started_at"] <= status["finished_at"]
-    result = http.get(f"/jobs/{job_id}").json()
-    assert result["result"] == solo_text(llm, "The capital of France is", 8, seed=4)
-    assert set(result["stats"]) >= {
-        "prompt_time_ms",
-        "predict_time_ms",
-        "total_time_ms",
-        "prompt_tokens",
-        "completion_tokens",
-        "tokens_per_second",
-    }
-    # A client-chosen id; then the same id again; unknown ids.
-    my_id = "0b6d4c0e-9d1c-4d8e-8f4e-2f7c1f0e5a11"
-    assert http.post("/jobs", json={"id": my_id, "prompt": "Hi", "max_tokens": 2}).status_code == 202
+    assert status.status == "done" and status.created_at.endswith("Z") and status.id == my_id
+    assert status.started_at is not None and status.finished_at is not None
+    assert status.created_at <= status.started_at <= status.finished_at
+    raw = http.get(f"/jobs/{my_id}")
+    job = GoJob.model_validate_json(raw.content)
+    assert job.id == my_id and job.status == "done" and job.prompt == prompt
+    assert job.response == solo_text(llm, prompt, 8, seed=4)
+    s = job.stats
+    assert s.total_time_ms >= s.prompt_time_ms + s.predict_time_ms - 2  # each rounded on its own
+    assert s.total_time_ms > 0
+    extra = raw.json()
+    assert extra["finish_reason"] in ("stop", "length") and extra["error"] is None
+    assert extra["stats"]["completion_tokens"] > 0 and extra["model"] == "tiny"
+    # No id: the server makes one (a uuid). The same id again; unknown ids; bad ones.
+    r = http.post("/jobs", json={"prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 202 and str(uuid.UUID(r.json()["id"])) == r.json()["id"]
     assert_error(http.post("/jobs", json={"id": my_id, "prompt": "Hi"}), 409, "already exists")
     assert_error(http.get("/jobs/does-not-exist"), 404, "no job")
     assert_error(http.get("/jobs/status/does-not-exist"), 404, "no job")
     assert_error(http.post("/jobs", json={"id": "bad id with spaces", "prompt": "Hi"}), 400, "id")
+    assert_error(http.post("/jobs", json={"id": my_id + "x"}), 400, "prompt")
 
 
 def test_job_store_expires_finished_jobs():
@@ -272,6 +312,33 @@ def test_job_store_expires_finished_jobs():
     store.ttl_s = 0
     store.add("again")
     assert sum(store.counts().values()) == 0
+
+
+def test_job_shape_in_every_state():
+    """Pending, failed, cancelled: the Go client's types hold whatever happened to the job."""
+    from llamacy.scheduler import Done, Failed, GenerationRequest, Handle, Timings, Usage
+
+    store = JobStore()
+    finals = {
+        "pending": None,
+        "failed": Failed("the model produced NaN"),
+        "cancelled": Done("cancelled", "par", [], Usage(3, 1, 0), Timings(1.5, 2.5, 3.5, 7.5, 0, 0), 0),
+        "done": Done("length", "Paris", [], Usage(3, 2, 0), Timings(0.4, 17.379, 30.6, 48.379, 0, 0), 0),
+    }
+    for name, final in finals.items():
+        job = store.add(name, prompt="The capital", load_ms=1234.56)
+        job.handle = Handle(GenerationRequest([1]), 0, job.on_event)
+        if final is not None:
+            job.handle._emit(final)
+        out = GoJob.model_validate(job.result_dict())
+        assert out.prompt == "The capital" and out.stats.load_time_ms == 1235
+    assert GoJob.model_validate(store.get("pending").result_dict()).status == "pending"
+    failed = store.get("failed").result_dict()
+    assert failed["status"] == "error" and failed["error"] == "the model produced NaN"
+    assert store.get("cancelled").result_dict()["error"] == "cancelled"
+    done = GoJob.model_validate(store.get("done").result_dict())
+    assert done.response == "Paris"
+    assert (done.stats.prompt_time_ms, done.stats.predict_time_ms, done.stats.total_time_ms) == (17, 31, 1283)
 
 
 # ---- many clients at once ----------------------------------------------------------------------------
@@ -328,7 +395,13 @@ def test_bad_requests(llm, server, http):
     assert_error(http.post("/v1/completions", json={"prompt": "x", "temperature": 500}), 400, "temperature")
     assert_error(http.post("/v1/completions", json={"prompt": 12}), 400, "prompt")
     assert_error(http.post("/v1/completions", json={"max_tokens": 5}), 400, "missing required field: prompt")
-    assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 2}), 400, "n=2")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 0}), 400, "n")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 129}), 400, "n")
+    assert_error(http.post("/jobs", json={"prompt": "x", "n": 2}), 400, "n=2")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "stream_options": {}}), 400, "stream")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"a": 1}}), 400, "token id")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"1": 101}}), 400, "logit")
+    assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"999999": 1}}), 400, "vocab")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": -1}), 400, "max_tokens")
     assert_error(http.post("/v1/completions", json={"prompt": [1, 10**7]}), 400, "vocabulary")
     assert_error(http.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
@@ -364,8 +437,8 @@ def test_bad_requests(llm, server, http):
     assert_error(post("/v1/completions", iter([big[:1000], big[1000:]])), 413, "larger than")
     # The openai client sees the error type it expects.
     cli = openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        cli.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=2)
+    with pytest.raises(openai.BadRequestError, match="n"):
+        cli.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=0)
 
 
 def test_api_key(server):
@@ -499,7 +572,7 @@ def test_default_model_end_to_end(default_model_path):
         messages = [{"role": "user", "content": "What is the capital of France?"}]
 
         def ask(_: int) -> str:
-            r = cli.chat.completions.create(model="x", messages=messages, max_tokens=12, temperature=0)
+            r = cli.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
             return r.choices[0].message.content
 
         with ThreadPoolExecutor(2) as pool:
@@ -508,5 +581,7 @@ def test_default_model_end_to_end(default_model_path):
         assert (
             a == b == alone == solo_text(llm, chat_ids(llm, messages), 12, temperature=0, stop=["<|im_end|>"])
         )
-        r = cli.completions.create(model="x", prompt="The capital of France is", max_tokens=4, temperature=0)
+        r = cli.completions.create(
+            model="tiny", prompt="The capital of France is", max_tokens=4, temperature=0
+        )
         assert "Paris" in r.choices[0].text

@@ -3,13 +3,25 @@
     app = create_app(scheduler, template, ServerSettings(...))    # an ASGI app (Starlette)
     with ServerThread(app, port=0) as srv: ...                   # serve it in the background (tests)
 
-See app.py for the guards, openai_routes.py and jobs.py for the endpoints, llamacy/scheduler.py for the
-engine underneath.
+Modules, leaves first: errors, mailbox (scheduler events into the event loop), models (name -> scheduler
+and template), job_store, middleware (the guards), state (what routes read), generation (request ->
+scheduler); the endpoint modules (metrics, openai_routes, jobs), each with its ROUTES; routes.py (all of
+them, in one list); app.py (the Starlette app). llamacy/scheduler.py is the engine underneath.
 """
 
 from __future__ import annotations
 
-from llamacy.server.app import ServerSettings, create_app
+from llamacy.server.app import create_app
+from llamacy.server.models import ModelRegistry, ServedModel
 from llamacy.server.runner import ServerThread, bind, serve_forever
+from llamacy.server.state import ServerSettings
 
-__all__ = ["ServerSettings", "ServerThread", "bind", "create_app", "serve_forever"]
+__all__ = [
+    "ModelRegistry",
+    "ServedModel",
+    "ServerSettings",
+    "ServerThread",
+    "bind",
+    "create_app",
+    "serve_forever",
+]

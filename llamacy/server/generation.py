@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from llamacy.errors import LlamacyError
 from llamacy.sampling import MAX_SEED, SamplingParams
-from llamacy.scheduler import Done, Event, Failed, GenerationRequest, Handle, TokenLogprob
+from llamacy.scheduler import Done, GenerationRequest, Handle, TokenLogprob
 from llamacy.server.errors import APIError, from_engine_error
+from llamacy.server.mailbox import EventBridge
+from llamacy.server.mailbox import LoopMailbox as LoopMailbox  # re-exported: tests/test_scheduler.py uses it
+from llamacy.server.models import ServedModel
 from llamacy.server.schemas import SamplingFields
-
-if TYPE_CHECKING:
-    from llamacy.server.app import ServerState
 
 _SAMPLING_FIELDS = (
     "temperature",
@@ -38,6 +38,8 @@ def sampling_params(f: SamplingFields) -> SamplingParams:
     if f.seed is not None:
         # OpenAI seeds are signed 64-bit; ours are unsigned. Same bits, same stream.
         kwargs["seed"] = f.seed & MAX_SEED if -(2**63) <= f.seed < 0 else f.seed
+    if f.logit_bias:
+        kwargs["logit_bias"] = _token_bias(f.logit_bias)
     params = SamplingParams(**kwargs)
     try:
         params.validate()
@@ -46,21 +48,35 @@ def sampling_params(f: SamplingFields) -> SamplingParams:
     return params
 
 
-async def encode_text(state: ServerState, text: str) -> list[int]:
+def _token_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's logit_bias has token ids as JSON object keys, so as strings of digits."""
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        if not key.isascii() or not key.isdigit():
+            raise APIError(
+                400, f"logit_bias keys must be token ids, got {key!r}", "invalid_value", "logit_bias"
+            )
+        out[int(key)] = value
+    return out
+
+
+def text_ids(tok: Any, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    """Token ids of a text. parse_special: special tokens spelled out are those tokens; add_special: BOS
+    as the model wants, once (not twice when the text spells it out)."""
+    ids = tok.encode(text, add_bos=False, special=parse_special)
+    if add_special and tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    return ids
+
+
+async def encode_text(served: ServedModel, text: str) -> list[int]:
     """Token ids of a completion prompt (special tokens parsed; BOS as the model wants, once)."""
-    tok = state.tokenizer
-
-    def encode() -> list[int]:
-        ids = tok.encode(text, add_bos=False, special=True)
-        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
-            ids.insert(0, tok.bos_id)
-        return ids
-
-    return await run_in_threadpool(encode)  # a 1 MB prompt takes a while: not on the event loop
+    # A 1 MB prompt takes a while: not on the event loop.
+    return await run_in_threadpool(text_ids, served.tokenizer, text)
 
 
-async def encode_chat(state: ServerState, messages: list[dict[str, Any]]) -> list[int]:
-    tpl = state.template
+async def encode_chat(served: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+    tpl = served.template
     if tpl is None:
         raise APIError(
             501,
@@ -78,19 +94,19 @@ async def encode_chat(state: ServerState, messages: list[dict[str, Any]]) -> lis
 
 
 def build_request(
-    state: ServerState,
+    served: ServedModel,
     f: SamplingFields,
     prompt: list[int],
     max_tokens: int | None,
     logprobs: int | None = None,
     chat: bool = False,
 ) -> GenerationRequest:
-    stop_ids = set(state.scheduler.eog_ids)
+    stop_ids = set(served.scheduler.eog_ids)
     stop = f.stop_list()
-    if chat and state.template is not None:
+    if chat and served.template is not None:
         # End-of-turn markers of the template: ids, and as text for a model that spells them out.
-        stop_ids |= set(state.template.stop_ids)
-        stop += [s for s in state.template.stop_strings if s not in stop]
+        stop_ids |= set(served.template.stop_ids)
+        stop += [s for s in served.template.stop_strings if s not in stop]
     return GenerationRequest(
         prompt=prompt,
         params=sampling_params(f),
@@ -102,89 +118,58 @@ def build_request(
     )
 
 
-def submit(state: ServerState, request: GenerationRequest, listener: Any = None) -> Handle:
+def submit(served: ServedModel, request: GenerationRequest, listener: Any = None) -> Handle:
     try:
-        return state.scheduler.submit(request, listener)
+        return served.scheduler.submit(request, listener)
     except LlamacyError as e:
         raise from_engine_error(e) from None
 
 
-class LoopMailbox:
-    """Scheduler events on their way to one event loop, handed over once per scheduler step.
-
-    The scheduler emits a step's events one sequence at a time; waking the loop for each (one self-pipe
-    write, then the loop takes the GIL while the scheduler thread still samples the other sequences) made
-    the two threads trade the GIL 8 times a step with 8 clients. Here events only queue up, and flush()
-    (a scheduler step hook) passes the step's batch to the loop in one call, while the next step's math
-    runs without the GIL.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._items: list[tuple[asyncio.Queue[Event], Event]] = []
-        self._lock = threading.Lock()
-
-    def post(self, queue: asyncio.Queue[Event], ev: Event) -> None:
-        with self._lock:
-            self._items.append((queue, ev))
-
-    def flush(self) -> None:
-        with self._lock:
-            if not self._items:
-                return
-            items, self._items = self._items, []
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-            self.loop.call_soon_threadsafe(self._deliver, items)
-
-    @staticmethod
-    def _deliver(items: list[tuple[asyncio.Queue[Event], Event]]) -> None:
-        for queue, ev in items:
-            queue.put_nowait(ev)
+def choices(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """n requests for n choices of one prompt. Each is its own sequence; with a seed, choice i samples
+    with seed + i, so that choice 0 is what n=1 gives and the others differ from it."""
+    seed = request.params.seed
+    if seed is None:
+        return [request] + [replace(request) for _ in range(n - 1)]  # each sampler draws its own seed
+    return [replace(request, params=replace(request.params, seed=(seed + i) & MAX_SEED)) for i in range(n)]
 
 
-def mailbox(state: ServerState) -> LoopMailbox:
-    """The running loop's mailbox, registered with the scheduler the first time."""
-    loop = asyncio.get_running_loop()
-    box = state.mailbox
-    if box is None or box.loop is not loop:
-        box = state.mailbox = LoopMailbox(loop)
-        state.scheduler.add_step_hook(box.flush)
-    return box
+@dataclass
+class Generation:
+    """The requests of one API call and their merged events."""
+
+    handles: list[Handle]
+    events: EventBridge
+
+    def cancel(self) -> None:
+        for h in self.handles:
+            h.cancel()  # no-op for those that finished
 
 
-class EventBridge:
-    """Scheduler events (delivered on the scheduler thread) as an async iterator on the event loop."""
-
-    def __init__(self, box: LoopMailbox) -> None:
-        self._box = box
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
-
-    def listener(self, ev: Event) -> None:
-        self._box.post(self._queue, ev)
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while True:
-            ev = await self._queue.get()
-            yield ev
-            if isinstance(ev, Done | Failed):
-                return
-
-
-async def start(state: ServerState, request: GenerationRequest) -> tuple[Handle, EventBridge]:
-    bridge = EventBridge(mailbox(state))
-    return submit(state, request, bridge.listener), bridge
+async def start(served: ServedModel, requests: list[GenerationRequest]) -> Generation:
+    """Submit every request, or none: when one is refused (a full queue), those already queued are
+    cancelled and the refusal is raised."""
+    bridge = EventBridge(served.mailbox(), len(requests))
+    call = Generation([], bridge)
+    try:
+        for i, req in enumerate(requests):
+            call.handles.append(submit(served, req, bridge.listener(i)))
+    except BaseException:
+        call.cancel()
+        raise
+    return call
 
 
 @contextlib.asynccontextmanager
-async def cancel_on_disconnect(http: Request, handle: Handle) -> AsyncIterator[None]:
-    """While the body runs, a client that disconnects cancels its request (the scheduler frees the slot at
-    its next step); leaving the block early, or by an exception, cancels it too."""
+async def cancel_on_disconnect(http: Request, call: Generation) -> AsyncIterator[None]:
+    """While the body runs, a client that disconnects cancels its requests (the scheduler frees the slots
+    at its next step); leaving the block early, or by an exception, cancels them too."""
 
     async def watch() -> None:
         while True:
             message = await http.receive()
             if message["type"] == "http.disconnect":
-                handle.cancel()
+                call.cancel()
                 return
 
     task = asyncio.create_task(watch())
@@ -192,35 +177,35 @@ async def cancel_on_disconnect(http: Request, handle: Handle) -> AsyncIterator[N
         yield
     finally:
         task.cancel()
-        handle.cancel()  # no-op when it finished
+        call.cancel()
 
 
 # ---- logprobs in OpenAI's two shapes ----------------------------------------------------------------
 
 
-def _token_str(state: ServerState, tid: int) -> str:
-    return state.tokenizer.token_bytes(tid).decode("utf-8", errors="replace")
+def _token_str(served: ServedModel, tid: int) -> str:
+    return served.tokenizer.token_bytes(tid).decode("utf-8", errors="replace")
 
 
-def completion_logprobs(state: ServerState, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+def completion_logprobs(served: ServedModel, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
     """The legacy completions shape: parallel lists, text_offset counted from `offset`."""
     tokens, offsets = [], []
     for lp in lps:
-        s = _token_str(state, lp.token)
+        s = _token_str(served, lp.token)
         tokens.append(s)
         offsets.append(offset)
         offset += len(s)
     return {
         "tokens": tokens,
         "token_logprobs": [lp.logprob for lp in lps],
-        "top_logprobs": [{_token_str(state, t): v for t, v in lp.top} for lp in lps],
+        "top_logprobs": [{_token_str(served, t): v for t, v in lp.top} for lp in lps],
         "text_offset": offsets,
     }
 
 
-def chat_logprobs(state: ServerState, lps: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(served: ServedModel, lps: list[TokenLogprob]) -> dict[str, Any]:
     def entry(tid: int, value: float) -> dict[str, Any]:
-        raw = state.tokenizer.token_bytes(tid)
+        raw = served.tokenizer.token_bytes(tid)
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": value, "bytes": list(raw)}
 
     return {
@@ -230,13 +215,16 @@ def chat_logprobs(state: ServerState, lps: list[TokenLogprob]) -> dict[str, Any]
     }
 
 
-def usage_dict(done: Done) -> dict[str, Any]:
-    u = done.usage
+def usage_dict(*dones: Done) -> dict[str, Any]:
+    """OpenAI's usage of a call: the prompt once, the completion tokens of every choice; cached tokens
+    are those that every choice reused."""
+    prompt = dones[0].usage.prompt_tokens
+    completion = sum(d.usage.completion_tokens for d in dones)
     return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": min(d.usage.cached_tokens for d in dones)},
     }
 
 

@@ -1,170 +1,30 @@
-"""The job API of the Go engine: submit a prompt, poll its status, fetch the result.
-
-    POST /jobs                {"id": optional, "prompt": ..., sampling fields}  -> 202 {"id", "status"}
-    GET  /jobs/status/{id}    -> {"id", "status": pending|running|done|error, "created_at", "started_at",
-                                  "finished_at"}
-    GET  /jobs/{id}           -> the status fields plus "result", "finish_reason", "error" and "stats"
-
-Jobs run in the same scheduler as the OpenAI endpoints. A finished job is kept for `ttl_s` seconds, and
-at most `max_finished` of them (the oldest go first), so a server that runs for months stays small.
-"""
+"""The job API's endpoints (the Go engine's): submit a prompt, poll its status, fetch the result.
+The jobs themselves live in job_store.py; they run in the same schedulers as the OpenAI endpoints."""
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
-from collections import OrderedDict
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from llamacy.scheduler import Done, Event, Failed, Handle, Piece
-from llamacy.server import generation as gen
-from llamacy.server.errors import APIError
+import llamacy.server.generation as gen
 from llamacy.server.schemas import JobRequest, parse
-
-if TYPE_CHECKING:
-    from llamacy.server.app import ServerState
-
-
-def _rfc3339(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return (
-        datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
-
-
-class Job:
-    def __init__(self, job_id: str) -> None:
-        self.id = job_id
-        self.handle: Handle | None = None
-        self.final: Done | Failed | None = None
-
-    def on_event(self, ev: Event) -> None:  # on the scheduler thread; Done carries the whole text
-        if not isinstance(ev, Piece):
-            self.final = ev
-
-    @property
-    def status(self) -> str:
-        h = self.handle
-        if isinstance(self.final, Failed) or (
-            isinstance(self.final, Done) and self.final.finish_reason == "cancelled"
-        ):
-            return "error"
-        if self.final is not None:
-            return "done"
-        return "running" if h is not None and h.started_at is not None else "pending"
-
-    def status_dict(self) -> dict[str, Any]:
-        h = self.handle
-        assert h is not None
-        return {
-            "id": self.id,
-            "status": self.status,
-            "created_at": _rfc3339(h.created_at),
-            "started_at": _rfc3339(h.started_at),
-            "finished_at": _rfc3339(h.finished_at if self.final is not None else None),
-        }
-
-    def result_dict(self) -> dict[str, Any]:
-        out = self.status_dict()
-        final = self.final
-        out.update(result=None, finish_reason=None, error=None, stats=None)
-        if isinstance(final, Failed):
-            out["error"] = final.message
-        elif isinstance(final, Done):
-            if final.finish_reason == "cancelled":
-                out["error"] = "cancelled"
-            else:
-                out["result"] = final.text
-                out["finish_reason"] = gen.finish_reason(final)
-            t = final.timings
-            out["stats"] = {
-                "prompt_time_ms": round(t.prompt_ms, 3),
-                "predict_time_ms": round(t.predict_ms, 3),
-                "total_time_ms": round(t.total_ms, 3),
-                "queue_time_ms": round(t.queue_ms, 3),
-                "prompt_tokens": final.usage.prompt_tokens,
-                "completion_tokens": final.usage.completion_tokens,
-                "tokens_per_second": round(t.tokens_per_second, 3),
-            }
-        return out
-
-
-class JobStore:
-    """Jobs by id; finished ones expire. Thread-safe (the scheduler thread finishes jobs)."""
-
-    def __init__(self, ttl_s: float = 3600.0, max_finished: int = 1000) -> None:
-        self.ttl_s = ttl_s
-        self.max_finished = max_finished
-        self._lock = threading.Lock()
-        self._jobs: dict[str, Job] = {}
-
-    def add(self, job_id: str) -> Job:
-        """Reserve an id (APIError 409 if taken); the caller attaches the handle or calls discard."""
-        with self._lock:
-            self._prune_locked()
-            if job_id in self._jobs:
-                raise APIError(409, f"a job with id {job_id!r} already exists", "duplicate_id", "id")
-            job = self._jobs[job_id] = Job(job_id)
-            return job
-
-    def discard(self, job_id: str) -> None:
-        with self._lock:
-            self._jobs.pop(job_id, None)
-
-    def get(self, job_id: str) -> Job:
-        with self._lock:
-            self._prune_locked()
-            job = self._jobs.get(job_id)
-        if job is None or job.handle is None:
-            raise APIError(404, f"no job with id {job_id!r} (unknown, or expired)", "job_not_found")
-        return job
-
-    def counts(self) -> dict[str, int]:
-        counts = {"pending": 0, "running": 0, "done": 0, "error": 0}
-        with self._lock:
-            for job in self._jobs.values():
-                if job.handle is not None:
-                    counts[job.status] += 1
-        return counts
-
-    def _prune_locked(self) -> None:
-        finished = OrderedDict(
-            sorted(
-                (
-                    (j.id, j.handle.finished_at or 0.0)
-                    for j in self._jobs.values()
-                    if j.final is not None and j.handle
-                ),
-                key=lambda kv: kv[1],
-            )
-        )
-        cutoff = time.time() - self.ttl_s
-        excess = len(finished) - self.max_finished
-        for job_id, finished_at in finished.items():
-            if finished_at < cutoff or excess > 0:
-                del self._jobs[job_id]
-                excess -= 1
+from llamacy.server.state import state_of
 
 
 async def create_job(request: Request) -> JSONResponse:
-    state: ServerState = request.app.state.llamacy
-    from llamacy.server.app import read_body
-
-    body = parse(JobRequest, await read_body(request))
+    state = state_of(request)
+    body = parse(JobRequest, await request.body())
+    served = state.models.get(body.model)
     job_id = body.id or str(uuid.uuid4())
-    ids = await gen.encode_text(state, body.prompt)
-    req = gen.build_request(state, body, ids, body.max_tokens)
+    ids = await gen.encode_text(served, body.prompt)
+    req = gen.build_request(served, body, ids, body.max_tokens)
     req.id = job_id
-    job = state.jobs.add(job_id)
+    job = state.jobs.add(job_id, body.prompt, served.name)
     try:
-        job.handle = gen.submit(state, req, job.on_event)
+        job.handle = gen.submit(served, req, job.on_event)
     except BaseException:
         state.jobs.discard(job_id)
         raise
@@ -172,16 +32,14 @@ async def create_job(request: Request) -> JSONResponse:
 
 
 async def job_status(request: Request) -> JSONResponse:
-    state: ServerState = request.app.state.llamacy
-    return JSONResponse(state.jobs.get(request.path_params["job_id"]).status_dict())
+    return JSONResponse(state_of(request).jobs.get(request.path_params["job_id"]).status_dict())
 
 
 async def job_result(request: Request) -> JSONResponse:
-    state: ServerState = request.app.state.llamacy
-    return JSONResponse(state.jobs.get(request.path_params["job_id"]).result_dict())
+    return JSONResponse(state_of(request).jobs.get(request.path_params["job_id"]).result_dict())
 
 
-routes = [
+ROUTES = [
     Route("/jobs", create_job, methods=["POST"]),
     Route("/jobs/status/{job_id}", job_status, methods=["GET"]),
     Route("/jobs/{job_id}", job_result, methods=["GET"]),

@@ -1,72 +1,33 @@
-"""GET /metrics in the Prometheus text format, and the middleware that counts requests.
+"""GET /health and GET /metrics (the Prometheus text format).
 
-Hand-written rather than prometheus_client: a dozen lines of text do not justify a dependency.
+Hand-written rather than prometheus_client: a few dozen lines of text do not justify a dependency.
+Request counts are labelled with the registered routes' own paths (middleware.endpoint_label).
 """
 
 from __future__ import annotations
 
-import threading
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from llamacy.server.app import ServerState
+from llamacy.server.state import ServerState, state_of
 
-_EXACT = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/jobs"}
-
-
-def endpoint_label(path: str) -> str:
-    """A bounded set of labels: ids in paths are folded, unknown paths share one label."""
-    if path in _EXACT:
-        return path
-    if path.startswith("/jobs/status/"):
-        return "/jobs/status/{id}"
-    if path.startswith("/jobs/"):
-        return "/jobs/{id}"
-    return "other"
+PUBLIC_PATHS = frozenset({"/health"})  # load balancers probe it without credentials
 
 
-class RequestCounter:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts: dict[tuple[str, str], int] = {}
-
-    def add(self, endpoint: str, status: int) -> None:
-        with self._lock:
-            key = (endpoint, str(status))
-            self.counts[key] = self.counts.get(key, 0) + 1
-
-    def snapshot(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            return dict(self.counts)
-
-
-class CountRequests:
-    """ASGI middleware: count every HTTP response by endpoint and status (outermost, so 401/413 count)."""
-
-    def __init__(self, app: ASGIApp, counter: RequestCounter) -> None:
-        self.app = app
-        self.counter = counter
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500  # an exception before the response started
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            self.counter.add(endpoint_label(scope["path"]), status)
+async def health(request: Request) -> JSONResponse:
+    scheds = [m.scheduler for m in state_of(request).models.loaded()]
+    # 503 when generation cannot happen (a stopped or crashed scheduler): a load balancer stops routing here.
+    alive = all(s.alive for s in scheds)
+    return JSONResponse(
+        {
+            "status": "ok" if alive else "unavailable",
+            "slots_idle": sum(s.n_parallel - s.n_active for s in scheds),
+            "slots_processing": sum(s.n_active for s in scheds),
+            "queue_depth": sum(s.queue_depth for s in scheds),
+        },
+        status_code=200 if alive else 503,
+    )
 
 
 def _esc(value: str) -> str:
@@ -74,8 +35,8 @@ def _esc(value: str) -> str:
 
 
 def render(state: ServerState) -> str:
-    sched = state.scheduler
     lines: list[str] = []
+    loaded = state.models.loaded()
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
         lines.append(f"# HELP {name} {help_}")
@@ -85,6 +46,10 @@ def render(state: ServerState) -> str:
                 f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
             )
 
+    def per_model(name: str, kind: str, help_: str, attr: str) -> None:
+        samples = [(f'{{model="{_esc(m.name)}"}}', getattr(m.scheduler, attr)) for m in loaded]
+        metric(name, kind, help_, samples)
+
     reqs = sorted(state.requests.snapshot().items())
     metric(
         "llamacy_requests_total",
@@ -92,40 +57,34 @@ def render(state: ServerState) -> str:
         "HTTP requests by endpoint and status code.",
         [(f'{{endpoint="{_esc(e)}",status="{s}"}}', n) for (e, s), n in reqs],
     )
-    metric(
-        "llamacy_prompt_tokens_total",
-        "counter",
-        "Prompt tokens of admitted requests.",
-        [("", sched.prompt_tokens_total)],
+    per_model(
+        "llamacy_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", "prompt_tokens_total"
     )
-    metric(
+    per_model(
         "llamacy_prompt_tokens_evaluated_total",
         "counter",
         "Prompt tokens evaluated (the others were reused from a slot's KV cache).",
-        [("", sched.prompt_evaluated_total)],
+        "prompt_evaluated_total",
     )
-    metric(
-        "llamacy_generated_tokens_total", "counter", "Tokens generated.", [("", sched.generated_tokens_total)]
-    )
+    per_model("llamacy_generated_tokens_total", "counter", "Tokens generated.", "generated_tokens_total")
     metric(
         "llamacy_requests_finished_total",
         "counter",
         "Generations finished, by reason.",
-        [(f'{{reason="{r}"}}', n) for r, n in sorted(sched.finished_total.items())],
+        [
+            (f'{{model="{_esc(m.name)}",reason="{r}"}}', n)
+            for m in loaded
+            for r, n in sorted(m.scheduler.finished_total.items())
+        ],
     )
-    metric(
-        "llamacy_queue_depth",
-        "gauge",
-        "Requests waiting for a free sequence slot.",
-        [("", sched.queue_depth)],
-    )
-    metric("llamacy_active_sequences", "gauge", "Sequences prefilling or generating.", [("", sched.n_active)])
-    metric("llamacy_parallel_sequences", "gauge", "Sequence slots (--parallel).", [("", sched.n_parallel)])
+    per_model("llamacy_queue_depth", "gauge", "Requests waiting for a free sequence slot.", "queue_depth")
+    per_model("llamacy_active_sequences", "gauge", "Sequences prefilling or generating.", "n_active")
+    per_model("llamacy_parallel_sequences", "gauge", "Sequence slots (--parallel).", "n_parallel")
     metric(
         "llamacy_generation_tokens_per_second",
         "gauge",
         "Tokens generated per second, all sequences together, over the last 10 s.",
-        [("", round(sched.tokens_per_second(), 3))],
+        [(f'{{model="{_esc(m.name)}"}}', round(m.scheduler.tokens_per_second(), 3)) for m in loaded],
     )
     metric(
         "llamacy_jobs",
@@ -137,5 +96,10 @@ def render(state: ServerState) -> str:
 
 
 async def metrics(request: Request) -> Response:
-    state: ServerState = request.app.state.llamacy
-    return Response(render(state), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(render(state_of(request)), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+ROUTES = [
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]

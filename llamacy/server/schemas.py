@@ -6,7 +6,7 @@ the answer and that we cannot honour are refused in `unsupported()` rather than 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -15,6 +15,7 @@ from llamacy.server.errors import APIError
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256  # matching a stop string costs its length squared per token: keep it small
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"  # a uuid, or any similar opaque name
+MAX_CHOICES = 128  # OpenAI's limit on n
 
 
 StopStr = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
@@ -22,6 +23,9 @@ StopStr = Annotated[str, Field(max_length=MAX_STOP_LENGTH)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    def unsupported(self) -> None:
+        """Raise APIError for a field this endpoint cannot honour (after validation); none by default."""
 
 
 class SamplingFields(_Strict):
@@ -39,26 +43,49 @@ class SamplingFields(_Strict):
     seed: int | None = None
     stop: StopStr | Annotated[list[StopStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
     ignore_eos: bool = False  # llama.cpp's extension: generate through end-of-turn tokens
-    n: int | None = None
-    logit_bias: dict[str, Any] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a string: JSON keys) -> bias in [-100, 100]
+
+    MULTIPLE_CHOICES: ClassVar[bool] = False  # whether the endpoint answers n > 1 choices
 
     def unsupported(self) -> None:
-        if self.n not in (None, 1):
+        if not self.MULTIPLE_CHOICES and self.n not in (None, 1):
             raise APIError(
-                400, f"n={self.n} is not supported: one choice per request (n=1)", "unsupported", "n"
+                400, f"n={self.n} is not supported here: one answer per request", "unsupported", "n"
             )
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "unsupported", "logit_bias")
+
+    def choices(self) -> int:
+        return self.n or 1
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class CompletionRequest(SamplingFields):
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _OpenAIRequest(SamplingFields):
+    MULTIPLE_CHOICES: ClassVar[bool] = True
+
     model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.stream_options is not None and not self.stream:
+            raise APIError(
+                400, "stream_options is only allowed when stream is true", "invalid_value", "stream_options"
+            )
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_OpenAIRequest):
     # A string, a list of token ids, or either wrapped in a list of one (batches of prompts: use n requests).
     prompt: str | list[int] | list[str] | list[list[int]]
-    stream: bool = False
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0)] | None = None
     suffix: str | None = None
@@ -76,7 +103,7 @@ class CompletionRequest(SamplingFields):
         if many:
             raise APIError(
                 400,
-                "send one prompt per request (a list of prompts is not supported)",
+                "send one prompt per request (a list of prompts is not supported; n gives several answers)",
                 "unsupported",
                 "prompt",
             )
@@ -98,10 +125,8 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class ChatRequest(SamplingFields):
-    model: str | None = None
+class ChatRequest(_OpenAIRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    stream: bool = False
     max_completion_tokens: Annotated[int, Field(ge=0)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
@@ -124,8 +149,22 @@ class ChatRequest(SamplingFields):
 
 
 class JobRequest(SamplingFields):
+    model: str | None = None
     id: Annotated[str, Field(pattern=JOB_ID_PATTERN)] | None = None
     prompt: str
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
 
 
 def parse(model: type[_Strict], body: bytes) -> Any:

@@ -1,0 +1,41 @@
+"""What every route reads: the settings, the models, the jobs, the request counts. A leaf module (it
+imports no route module), so that any route can import it without a cycle.
+
+    state = state_of(request)
+    served = state.models.get(body.model)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from llamacy.server.job_store import JobStore
+from llamacy.server.middleware import RequestCounter
+from llamacy.server.models import ModelRegistry
+
+DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: far more than any context we run holds in text
+
+
+@dataclass
+class ServerSettings:
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    job_ttl_s: float = 3600.0
+    max_finished_jobs: int = 1000
+    model_name: str = "llamacy"  # the name of the model when create_app is given one scheduler
+
+
+@dataclass
+class ServerState:
+    models: ModelRegistry
+    settings: ServerSettings
+    jobs: JobStore
+    requests: RequestCounter = field(default_factory=RequestCounter)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.llamacy

@@ -13,6 +13,7 @@ import numpy as np
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
+from llamacy.structured import Constraint, Grammar, request_grammar
 
 if TYPE_CHECKING:
     from llamacy.model import Model
@@ -163,17 +164,20 @@ class Llama:
         max_tokens: int | None = 128,
         stop: Sequence[str] = (),
         add_bos: bool | None = None,
+        grammar: Grammar | None = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
         is incomplete, and a last (-1, text) carries text held back to the end. self.last holds the
-        Completion (text, finish_reason, stats) as it grows."""
+        Completion (text, finish_reason, stats) as it grows. `grammar` (from llamacy.structured, e.g.
+        json_schema_grammar(schema)) confines the output to it."""
         params = sampling_params(sampling)
+        constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
         if max_tokens is not None and max_tokens < 0:
             max_tokens = None  # -1: until the context is full or the model stops
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
         session = self.session
-        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s)
+        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint)
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any
@@ -201,9 +205,14 @@ class Llama:
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
         echo: bool = False,
+        response_format: dict | None = None,
+        grammar: str | None = None,
+        json_schema: dict | str | None = None,
     ) -> dict | Iterator[dict]:
-        """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True."""
+        """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True.
+        response_format (OpenAI), grammar (GBNF) or json_schema (llama.cpp's fields) constrain the output."""
         stops = [stop] if isinstance(stop, str) else list(stop or [])
+        constrained = request_grammar(response_format, grammar, json_schema)
         kwargs = dict(
             temperature=temperature,
             top_p=top_p,
@@ -217,7 +226,7 @@ class Llama:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.model_path.name
-        gen = self.generate_tokens(prompt, max_tokens, stop=stops, **kwargs)
+        gen = self.generate_tokens(prompt, max_tokens, stop=stops, grammar=constrained, **kwargs)
 
         def chunk(text: str, finish: str | None) -> dict:
             return {
@@ -249,3 +258,10 @@ class Llama:
             "total_tokens": out.stats.prompt_tokens + out.stats.gen_tokens,
         }
         return result
+
+    def create_chat_completion(self, messages: Sequence[dict], **options: Any) -> dict | Iterator[dict]:
+        """An OpenAI-shaped chat completion (a dict, or chunks when stream=True) through the model's chat
+        template, with response_format, tools, tool_choice and parallel_tool_calls (see chat_api.py)."""
+        from llamacy.chat_api import create_chat_completion
+
+        return create_chat_completion(self, messages, **options)

@@ -89,7 +89,8 @@ def test_bad_tools_are_usage_errors(tools, choice, parallel, message):
 def test_plan_modes():
     assert ToolPlan.from_request(None).choice == "none" and not ToolPlan.from_request(None).active
     auto = ToolPlan.from_request(TOOLS)
-    assert auto.choice == "auto" and auto.active and not auto.forced and auto.parallel
+    assert auto.choice == "auto" and auto.active and not auto.forced and auto.max_calls is None
+    assert ToolPlan.from_request(TOOLS, "auto", False).max_calls == 1
     named = ToolPlan.from_request(TOOLS, {"type": "function", "function": {"name": "add"}})
     assert named.forced and [t.name for t in named.offered()] == ["add"]
     assert not ToolPlan.from_request(TOOLS, "none").active
@@ -199,3 +200,26 @@ def test_structured_request(model):
     s = StructuredRequest.from_request(tpl, tools=TOOLS)
     assert not s.constrained and s.reply("Hello", "stop") == ("Hello", [], "stop")
     assert StructuredRequest.none().constraint(tok) is None
+
+
+def test_parallel_calls(model):
+    tok, tpl = model
+    two = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'  # fmt: skip
+    for parallel, n_calls in ((None, 1), (False, 1), (True, 2)):
+        s = StructuredRequest.from_request(
+            tpl, tools=TOOLS, tool_choice="required", parallel_tool_calls=parallel
+        )
+        c = s.constraint(tok)
+        ids = tok.encode(two)
+        assert (c.valid_prefix(ids) == len(ids)) == (n_calls == 2)  # a second forced call only when asked
+    # In "auto" mode the reply keeps every call unless parallel_tool_calls is false.
+    assert len(StructuredRequest.from_request(tpl, tools=TOOLS).reply(two, "stop")[1]) == 2
+    assert (
+        len(StructuredRequest.from_request(tpl, tools=TOOLS, parallel_tool_calls=False).reply(two, "stop")[1])
+        == 1
+    )
+    stream = StructuredRequest.from_request(tpl, tools=TOOLS, tool_choice="required").stream()
+    assert stream.feed(two[:20]) == ""  # a forced call shows no text while it is written
+    assert stream.finish() == (two[:20], [])  # cut off by max_tokens: what was written, as a whole reply has
+    stream = StructuredRequest.from_request(tpl, tools=TOOLS, tool_choice="required").stream()
+    assert stream.feed(two) == "" and stream.finish()[0] == ""

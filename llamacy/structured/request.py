@@ -68,11 +68,16 @@ class StructuredRequest:
         if not self.tools.active:
             return text, [], finish_reason
         content, calls = parse_tool_calls(text, self.tools.names())
+        calls = calls[: self.tools.max_calls]
+        if self.tools.forced and calls:
+            content = None  # the grammar allowed nothing but calls: a cut-off one is not text to show
         return content, calls, ("tool_calls" if calls else finish_reason)
 
     def stream(self) -> ToolCallStream | None:
         """A streaming parser when the reply may hold calls (None: stream the text as it comes)."""
-        return ToolCallStream(self.tools.names()) if self.tools.active else None
+        if not self.tools.active:
+            return None
+        return ToolCallStream(self.tools.names(), self.tools.max_calls, hold_all=self.tools.forced)
 
 
 def tool_call_deltas(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

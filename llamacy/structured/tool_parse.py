@@ -92,11 +92,14 @@ class ToolCallStream:
     finish() parses what was held and returns (remaining content, tool_calls).
     """
 
-    def __init__(self, names: Iterable[str]) -> None:
+    def __init__(self, names: Iterable[str], max_calls: int | None = None, hold_all: bool = False) -> None:
+        """max_calls: keep the first calls only; hold_all: the reply is calls by grammar, show no text."""
         self.names = set(names)
+        self.max_calls = max_calls
+        self.hold_all = hold_all
         self._shown = ""  # text already returned by feed()
         self._held = ""  # text after it, not shown yet
-        self._holding_rest = False  # a call has begun: everything else waits for finish()
+        self._holding_rest = hold_all  # a call has begun: everything else waits for finish()
 
     def feed(self, piece: str) -> str:
         if not piece:
@@ -126,8 +129,11 @@ class ToolCallStream:
         """(text still to show, tool calls). With calls, the held text's non-call part is returned."""
         held, self._held = self._held, ""
         content, calls = parse_tool_calls(self._shown + held, self.names)
+        calls = calls[: self.max_calls]
         if not calls:
             return held, []
+        if self.hold_all:
+            return "", calls
         # The shown part had no call in it (it ends before the first marker): what remains is after it.
         rest = content or ""
         shown = self._shown.strip()

@@ -8,6 +8,10 @@ A call is written in the Hermes format, `<tool_call>\\n{"name": ..., "arguments"
 many tool-trained models use; a template that knows tools but not that marker (Llama 3.1) gets bare JSON.
 With tool_choice "required" or a named function the grammar makes the reply a call from its first token; with
 "auto" the model is free and its reply is parsed either way (tool_parse.py).
+
+parallel_tool_calls: OpenAI's default (true) lets the model make several calls, which is what a reply parsed in
+"auto" mode keeps. A forced call is one call unless parallel_tool_calls is true explicitly: under a grammar that
+allows another call after each, a small model repeats the same call until max_tokens. False keeps the first.
 """
 
 from __future__ import annotations
@@ -187,7 +191,7 @@ class ToolPlan:
 
     tools: tuple[Tool, ...]
     choice: str  # "auto", "none", "required" or a function name
-    parallel: bool
+    parallel: bool | None  # parallel_tool_calls as given (None: OpenAI's default, true)
 
     @classmethod
     def from_request(cls, tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = None) -> ToolPlan:
@@ -195,8 +199,12 @@ class ToolPlan:
         choice = parse_tool_choice(tool_choice, parsed)
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise UsageError(f"parallel_tool_calls must be a boolean, got {parallel_tool_calls!r}")
-        parallel = True if parallel_tool_calls is None else parallel_tool_calls
-        return cls(tuple(parsed), choice, parallel and choice not in ("none",))
+        return cls(tuple(parsed), choice, parallel_tool_calls)
+
+    @property
+    def max_calls(self) -> int | None:
+        """How many calls a reply keeps (None: all)."""
+        return 1 if self.parallel is False else None
 
     @property
     def active(self) -> bool:
@@ -259,6 +267,6 @@ class ToolPlan:
             sep = '"\\n"'
         else:
             call, sep = "body", '"\\n"'
-        many = f" ({sep} call)*" if self.parallel and self.choice == "required" else ""
+        many = f" ({sep} call)*" if self.parallel is True and self.choice == "required" else ""
         lark = f"start: call{many}\ncall: {call}\nbody: %json {json.dumps(schema)}\n"
         return check(llguidance.LLMatcher.grammar_from_lark(lark), "tool_calls", "tool parameters schema")

@@ -1,0 +1,125 @@
+"""Constraints wired into generation with the real model: Llama.generate_tokens / create_completion /
+create_chat_completion, and the scheduler, where constrained and unconstrained requests batch together and
+each gives the same answer as alone."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from llamacy.errors import UsageError
+from llamacy.scheduler import GenerationRequest, Scheduler
+from llamacy.structured import Constraint, gbnf_grammar, json_schema_grammar
+
+pytestmark = pytest.mark.slow
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 2},
+    },
+    "required": ["name", "age", "tags"],
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_path):
+    from llamacy import Llama
+
+    return Llama(default_model_path, n_ctx=512, n_threads=2)
+
+
+def test_generate_tokens_with_grammar(llm):
+    g = json_schema_grammar(PERSON)
+    pieces = list(llm.generate_tokens("A person as JSON:", max_tokens=80, grammar=g, temperature=0))
+    done = llm.last
+    assert done.finish_reason == "stop"
+    assert [t for t, _ in pieces if t >= 0] == done.tokens  # forced tokens are reported one by one too
+    assert done.stats.gen_tokens == len(done.tokens)
+    jsonschema.validate(json.loads(done.text), PERSON)
+    # Seeded sampling under a mask is reproducible.
+    a = llm.create_completion("Person:", max_tokens=80, seed=5, json_schema=PERSON)["choices"][0]["text"]
+    b = llm.create_completion("Person:", max_tokens=80, seed=5, json_schema=PERSON)["choices"][0]["text"]
+    assert a == b
+    jsonschema.validate(json.loads(a), PERSON)
+
+
+def test_grammar_that_never_finishes_is_bounded_by_max_tokens(llm):
+    out = llm.create_completion("Count:", max_tokens=12, temperature=0, grammar='root ::= ("a" | "b")+ "!"')
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 12
+
+
+def test_create_completion_options_and_errors(llm):
+    out = llm.create_completion(
+        "Q: Is fire hot?\nA:", max_tokens=5, temperature=0, grammar='root ::= " " ("yes" | "no")'
+    )
+    assert out["choices"][0]["text"] in (" yes", " no") and out["choices"][0]["finish_reason"] == "stop"
+    chunks = list(llm.create_completion("x", max_tokens=40, temperature=0, stream=True,
+                                        response_format={"type": "json_object"}))  # fmt: skip
+    assert isinstance(json.loads("".join(c["choices"][0]["text"] for c in chunks)), dict)
+    with pytest.raises(UsageError, match="Invalid type"):
+        llm.create_completion("x", json_schema={"type": "objekt"})
+
+
+def test_create_chat_completion_json_and_tools(llm):
+    msgs = [{"role": "user", "content": "Describe a person as JSON."}]
+    out = llm.create_chat_completion(msgs, temperature=0, max_tokens=80, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}})  # fmt: skip
+    jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), PERSON)
+    msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    out = llm.create_chat_completion(msgs, temperature=0, max_tokens=60, tools=[WEATHER],
+                                     tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and "city" in json.loads(call["function"]["arguments"])
+    chunks = list(llm.create_chat_completion(msgs, temperature=0, max_tokens=60, tools=[WEATHER],
+                                             tool_choice="required", stream=True))  # fmt: skip
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any(d.get("content") for d in deltas)  # a forced call has no free text
+    assert any(d.get("tool_calls") for d in deltas)
+
+
+def test_scheduler_batches_constrained_with_unconstrained(llm):
+    prompts = ["A person as JSON:", "Once upon a time", "The answer is", "Another person as JSON:"]
+    grammars = [json_schema_grammar(PERSON), None, gbnf_grammar('root ::= " " [0-9]+ "."'), json_schema_grammar(PERSON)]  # fmt: skip
+
+    def request(i: int) -> GenerationRequest:
+        g = grammars[i]
+        return GenerationRequest(
+            prompt=llm.tokenize(prompts[i]),
+            max_tokens=60,
+            params=llm_params(),
+            constraint=None if g is None else Constraint(g, llm.tokenizer, llm.n_vocab),
+        )
+
+    with Scheduler(llm, n_parallel=1, n_ctx=256) as sched:
+        alone = [sched.submit(request(i)).result(timeout=300) for i in range(len(prompts))]
+    with Scheduler(llm, n_parallel=4, n_ctx=256) as sched:
+        handles = [sched.submit(request(i)) for i in range(len(prompts))]
+        together = [h.result(timeout=300) for h in handles]
+    for a, b in zip(alone, together, strict=True):
+        assert (a.text, a.tokens, a.finish_reason) == (b.text, b.tokens, b.finish_reason)
+    for i in (0, 3):
+        assert together[i].finish_reason == "stop"
+        jsonschema.validate(json.loads(together[i].text), PERSON)
+    assert together[2].text.startswith(" ") and together[2].text.endswith(".")
+    assert together[0].usage.completion_tokens == len(together[0].tokens)
+
+
+def llm_params():
+    from llamacy.sampling import SamplingParams
+
+    return SamplingParams(temperature=0.7, seed=11)

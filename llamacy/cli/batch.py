@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from llamacy.cli import options as opt
 
 
+@opt.sampling_options
 def batch(
     prompts: Path = typer.Argument(
         ..., help="A text file (one prompt per line) or JSONL ({id, prompt, ...})."
@@ -24,15 +26,7 @@ def batch(
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
-    temp: float = opt.TEMP,
-    top_k: int = opt.TOP_K,
-    top_p: float = opt.TOP_P,
-    min_p: float = opt.MIN_P,
-    repeat_penalty: float = opt.REPEAT_PENALTY,
-    repeat_last_n: int = opt.REPEAT_LAST_N,
-    presence_penalty: float = opt.PRESENCE,
-    frequency_penalty: float = opt.FREQUENCY,
-    seed: int = opt.SEED,
+    sampling: dict[str, Any] = opt.SAMPLING,
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not included); repeatable."),
     chat: bool = typer.Option(
         False, "--chat", help="Send each prompt as a user turn through the chat template."
@@ -46,10 +40,7 @@ def batch(
         raise UsageError(f"--parallel must be between 1 and 256, got {parallel}")
     if system is not None and not chat:
         raise UsageError("--system needs --chat")
-    defaults = opt.sampling_kwargs(
-        temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed
-    )
-    defaults = {k: v for k, v in defaults.items() if v is not None}
+    defaults = {k: v for k, v in sampling.items() if v is not None}
     defaults["max_tokens"] = predict
     if stop:
         defaults["stop"] = list(stop)

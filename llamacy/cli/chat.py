@@ -400,6 +400,7 @@ def _usage(msg: str) -> Exception:
     return UsageError(msg)
 
 
+@opt.sampling_options
 def chat(
     model: str = opt.MODEL,
     system: str = typer.Option(None, "--system", help="The system prompt."),
@@ -412,20 +413,9 @@ def chat(
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
-    temp: float = opt.TEMP,
-    top_k: int = opt.TOP_K,
-    top_p: float = opt.TOP_P,
-    min_p: float = opt.MIN_P,
-    repeat_penalty: float = opt.REPEAT_PENALTY,
-    repeat_last_n: int = opt.REPEAT_LAST_N,
-    presence_penalty: float = opt.PRESENCE,
-    frequency_penalty: float = opt.FREQUENCY,
-    seed: int = opt.SEED,
+    sampling: dict[str, Any] = opt.SAMPLING,
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
-    sampling = opt.sampling_kwargs(
-        temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed
-    )
     interactive = sys.stdin.isatty()
     markdown = sys.stdout.isatty()
     if not interactive:  # invalid UTF-8 in piped input becomes U+FFFD, as in `llamacy run`

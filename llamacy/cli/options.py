@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -11,47 +14,59 @@ MODEL = typer.Option(
 )
 THREADS = typer.Option(None, "--threads", "-t", help="Threads for the math (default: all available cores).")
 CTX = typer.Option(None, "--ctx-size", "-c", help="Context size in tokens (default: min(model's, 4096)).")
-TEMP = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy.")
-TOP_K = typer.Option(40, "--top-k", help="Keep the k most likely tokens; 0 = off.")
-TOP_P = typer.Option(0.95, "--top-p", help="Nucleus sampling threshold; 1 = off.")
-MIN_P = typer.Option(0.05, "--min-p", help="Drop tokens below min-p x the top probability; 0 = off.")
-REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", help="Penalty for repeated tokens; 1 = off.")
-REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", help="How many recent tokens the repeat penalty sees.")
-PRESENCE = typer.Option(0.0, "--presence-penalty", help="OpenAI-style presence penalty.")
-FREQUENCY = typer.Option(0.0, "--frequency-penalty", help="OpenAI-style frequency penalty.")
 KV_TYPE = typer.Option(
     "f16", "--kv-type", help="KV cache values: f16 (half the memory and reads) or f32 (exact)."
 )
-SEED = typer.Option(None, "--seed", "-s", help="Random seed, for reproducible sampling; -1 = random.")
+
+# The sampling options: (SamplingParams field, type, default, flags, help). Commands take them all through
+# @sampling_options, as one dict.
+_SAMPLING_TABLE: list[tuple[str, type, Any, tuple[str, ...], str]] = [
+    ("temperature", float, 0.8, ("--temp",), "Temperature; 0 = greedy."),
+    ("top_k", int, 40, ("--top-k",), "Keep the k most likely tokens; 0 = off."),
+    ("top_p", float, 0.95, ("--top-p",), "Nucleus sampling threshold; 1 = off."),
+    ("min_p", float, 0.05, ("--min-p",), "Drop tokens below min-p x the top probability; 0 = off."),
+    ("repeat_penalty", float, 1.0, ("--repeat-penalty",), "Penalty for repeated tokens; 1 = off."),
+    ("repeat_last_n", int, 64, ("--repeat-last-n",), "How many recent tokens the repeat penalty sees."),
+    ("presence_penalty", float, 0.0, ("--presence-penalty",), "OpenAI-style presence penalty."),
+    ("frequency_penalty", float, 0.0, ("--frequency-penalty",), "OpenAI-style frequency penalty."),
+    ("seed", int, None, ("--seed", "-s"), "Random seed, for reproducible sampling; -1 = random."),
+]
+_SAMPLING = {name: (kind, typer.Option(d, *flags, help=h)) for name, kind, d, flags, h in _SAMPLING_TABLE}
+
+# The default of a command's `sampling` parameter: @sampling_options puts the options in its place.
+SAMPLING: Any = object()
 
 
-def sampling_kwargs(
-    temp: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    repeat_penalty: float,
-    repeat_last_n: int,
-    presence_penalty: float,
-    frequency_penalty: float,
-    seed: int | None,
-) -> dict[str, Any]:
-    """Sampling options as keyword arguments, validated before any model is loaded."""
-    from llamacy.generation import sampling_params
+def sampling_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the sampling options (--temp, --top-k, ... --seed) where its `sampling` parameter
+    stands; the command receives them as one dict of SamplingParams fields, validated before any model loads
+    (--seed -1 becomes None: a random seed)."""
+    sig = inspect.signature(command, eval_str=True)
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        if p.name != "sampling":
+            params.append(p)
+            continue
+        if p.default is not SAMPLING:
+            raise TypeError(f"{command.__name__}: the sampling parameter's default must be options.SAMPLING")
+        params += [
+            inspect.Parameter(name, p.kind, default=option, annotation=kind)
+            for name, (kind, option) in _SAMPLING.items()
+        ]
 
-    kwargs = dict(
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=None if seed is not None and seed == -1 else seed,
-    )
-    sampling_params(kwargs)
-    return kwargs
+    @functools.wraps(command)
+    def with_sampling(**kwargs: Any) -> None:
+        from llamacy.generation import sampling_params
+
+        sampling = {name: kwargs.pop(name) for name in _SAMPLING}
+        if sampling["seed"] == -1:
+            sampling["seed"] = None
+        sampling_params(sampling)
+        command(**kwargs, sampling=sampling)
+
+    with_sampling.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    with_sampling.__annotations__ = {p.name: p.annotation for p in params}
+    return with_sampling
 
 
 def check_counts(threads: int | None, ctx_size: int | None, predict: int | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -32,6 +33,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
+@opt.sampling_options
 def run(
     prompt: str = typer.Argument(None, help="The prompt; '-' reads it from stdin."),
     file: Path = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
@@ -42,15 +44,7 @@ def run(
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
-    temp: float = opt.TEMP,
-    top_k: int = opt.TOP_K,
-    top_p: float = opt.TOP_P,
-    min_p: float = opt.MIN_P,
-    repeat_penalty: float = opt.REPEAT_PENALTY,
-    repeat_last_n: int = opt.REPEAT_LAST_N,
-    presence_penalty: float = opt.PRESENCE,
-    frequency_penalty: float = opt.FREQUENCY,
-    seed: int = opt.SEED,
+    sampling: dict[str, Any] = opt.SAMPLING,
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not printed); repeatable."),
     echo: bool = typer.Option(
         None, "--echo/--no-echo", help="Print the prompt before the completion (default: on a terminal only)."
@@ -59,9 +53,6 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
-    sampling = opt.sampling_kwargs(
-        temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed
-    )
     text = read_prompt(prompt, file)
 
     from llamacy.cli.output import CompletionWriter, print_profile, print_stats

@@ -86,7 +86,14 @@ class Session:
         # The tokenizer's end-of-generation ids are read now: a caller may change them between calls.
         sampler = Sampler(params, model.cfg.n_vocab)
         state = SequenceState(
-            ids, sampler, self.tokenizer, stop, self.tokenizer.eot_ids, max_tokens, constraint=constraint
+            ids,
+            sampler,
+            self.tokenizer,
+            stop,
+            self.tokenizer.eot_ids,
+            max_tokens,
+            timed=self.profiling,
+            constraint=constraint,
         )
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
@@ -96,7 +103,7 @@ class Session:
         while True:
             room = self.n_ctx - kv.length(0)
             step = state.step(logits, context_full=room <= 0, room=room)
-            if not st.first_token_s:
+            if not done.tokens:
                 st.first_token_s = time.perf_counter() - t0
             if step.token is not None:
                 st.gen_tokens += 1 + len(step.forced)

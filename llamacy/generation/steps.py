@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -73,8 +73,7 @@ def token_logprob(row: np.ndarray, token: int, k: int) -> TokenLogprob:
     return TokenLogprob(token, float(x[token] - lse), top)
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):  # a tuple: one is made per token
     token: int | None  # the generated token; None when the sequence ended without one
     piece: str  # text safe to show now: "" while a character or a possible stop string is incomplete
     logprob: TokenLogprob | None  # when logprobs were asked for
@@ -96,8 +95,10 @@ class SequenceState:
         stop_ids: Collection[int] = (),
         max_tokens: int | None = None,
         logprobs: int | None = None,
+        timed: bool = False,
         constraint: Any = None,
     ) -> None:
+        """timed: add up the seconds spent sampling and detokenizing (t_sample, t_detok), for profiles."""
         self.sampler = sampler
         self.constraint = constraint  # a llamacy.structured.Constraint: grammar mask, forced tokens
         self.history = list(prompt)  # what the penalties look at: prompt + generated
@@ -108,7 +109,7 @@ class SequenceState:
         self.stops = StopMatcher(list(stop))
         self.tokens: list[int] = []
         self.text: list[str] = []  # the pieces shown so far
-        # Seconds spent in sampling and in detokenizing (profiles report them).
+        self.timed = timed
         self.t_sample = 0.0
         self.t_detok = 0.0
 
@@ -122,23 +123,29 @@ class SequenceState:
         can still take (a constrained step may add forced tokens up to it)."""
         if self.at_limit:  # max_tokens = 0
             return Step(None, "", None, "length")
-        if not np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
+        if self.constraint is not None:
+            return self._constrained_step(logits, context_full, room)
+        t0 = time.perf_counter() if self.timed else 0.0
+        try:
+            tok = self.sampler.sample(logits, self.history)
+        except ValueError:
+            # The sampler refuses NaN and infinite logits; checked here only then, off the hot path.
+            if np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
+                raise
             raise LlamacyError(
                 f"the model produced non-finite logits at position {len(self.history)}: "
                 "its weights are likely corrupt"
-            )
-        if self.constraint is not None:
-            return self._constrained_step(logits, context_full, room)
-        t0 = time.perf_counter()
-        tok = self.sampler.sample(logits, self.history)
-        t1 = time.perf_counter()
-        self.t_sample += t1 - t0
+            ) from None
+        if self.timed:
+            t1 = time.perf_counter()
+            self.t_sample += t1 - t0
         if tok in self.stop_ids:
             return Step(None, "", None, "stop")
         self.tokens.append(tok)
         self.history.append(tok)
         piece = self.stops.feed(self.decoder.feed(tok))
-        self.t_detok += time.perf_counter() - t1
+        if self.timed:
+            self.t_detok += time.perf_counter() - t1
         lp = token_logprob(logits, tok, self.logprobs) if self.logprobs is not None else None
         if piece:
             self.text.append(piece)
@@ -161,7 +168,8 @@ class SequenceState:
             self.constraint, lambda mask: self.sampler.sample(logits, history, mask), self.stop_ids, budget
         )
         t1 = time.perf_counter()
-        self.t_sample += t1 - t0
+        if self.timed:
+            self.t_sample += t1 - t0
         if not toks:
             return Step(None, "", None, "stop")
         pieces = []
@@ -172,7 +180,8 @@ class SequenceState:
             if self.stops.stopped:
                 break
         piece = "".join(pieces)
-        self.t_detok += time.perf_counter() - t1
+        if self.timed:
+            self.t_detok += time.perf_counter() - t1
         # The logits are the model's distribution for the first token, sampled or forced.
         lp = token_logprob(logits, toks[0], self.logprobs) if self.logprobs is not None else None
         if piece:

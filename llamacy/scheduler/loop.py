@@ -225,7 +225,14 @@ class Scheduler:
             frozenset() if req.ignore_eos else req.stop_ids if req.stop_ids is not None else self.eog_ids
         )
         state = SequenceState(
-            prompt, sampler, self.tokenizer, req.stop, stop_ids, req.max_tokens, req.logprobs, req.constraint
+            prompt,
+            sampler,
+            self.tokenizer,
+            req.stop,
+            stop_ids,
+            req.max_tokens,
+            req.logprobs,
+            constraint=req.constraint,
         )
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep

@@ -228,7 +228,10 @@ class ToolPlan:
     # ---- prompt ------------------------------------------------------------------------------------
     def render(self, template: Any, messages: Sequence[Mapping[str, Any]], **extra: Any) -> str:
         """The prompt for `messages` with these tools: through the template when it knows tools, else with
-        the built-in tool prompt added to the system message."""
+        the built-in tool prompt added to the system message. Without tools or tool messages, the template
+        renders the messages as they are."""
+        if not self.active and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            return template.render(messages, **extra)
         if knows_tools(template):
             tools = [t.definition for t in self.offered()] if self.active else None
             return template.render(template_messages(messages), tools=tools, **extra)

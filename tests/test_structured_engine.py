@@ -123,3 +123,24 @@ def llm_params():
     from llamacy.sampling import SamplingParams
 
     return SamplingParams(temperature=0.7, seed=11)
+
+
+def test_batch_items_with_response_format(llm, tmp_path):
+    from llamacy.batch import read_items, run_batch
+
+    schema_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    prompts = tmp_path / "p.jsonl"
+    rows_in = [
+        {"id": "json", "prompt": "A person as JSON:", "response_format": schema_format},
+        {"id": "any", "prompt": "A pet as JSON:", "response_format": {"type": "json_object"}, "max_tokens": 120},
+        {"id": "text", "prompt": "Hello"},
+        {"id": "bad", "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "objekt"}}}},
+    ]  # fmt: skip
+    prompts.write_text("\n".join(json.dumps(r) for r in rows_in))
+    out = tmp_path / "r.jsonl"
+    run_batch(llm, read_items(prompts), out, {"max_tokens": 80, "temperature": 0}, n_parallel=3)
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    jsonschema.validate(json.loads(rows["json"]["completion"]), PERSON)
+    assert isinstance(json.loads(rows["any"]["completion"]), dict)
+    assert rows["text"]["completion"]
+    assert "Invalid type: objekt" in rows["bad"]["error"]

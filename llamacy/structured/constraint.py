@@ -76,6 +76,10 @@ class Constraint:
             self._raise_if_error()
             raise LlamacyError(f"tokens {tokens} do not fit the {self.grammar.source} grammar")
 
+    def fits(self, token: int) -> bool:
+        """Whether `token` may come next (one token checked, far cheaper than a whole mask)."""
+        return 0 <= token < self.n_vocab and self._matcher.validate_tokens([int(token)]) == 1
+
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` the grammar accepts from here, in order, without consuming any."""
         return self._matcher.validate_tokens([int(t) for t in tokens])

@@ -144,3 +144,41 @@ def test_batch_items_with_response_format(llm, tmp_path):
     assert isinstance(json.loads(rows["any"]["completion"]), dict)
     assert rows["text"]["completion"]
     assert "Invalid type: objekt" in rows["bad"]["error"]
+
+
+def test_logprobs_cover_every_constrained_token(llm):
+    g = json_schema_grammar(PERSON)
+    with Scheduler(llm, n_parallel=1, n_ctx=256) as sched:
+        req = GenerationRequest(prompt=llm.tokenize("A person:"), max_tokens=30, logprobs=2,
+                                constraint=Constraint(g, llm.tokenizer, llm.n_vocab))  # fmt: skip
+        h = sched.submit(req)
+        pieces = [ev for ev in h.events() if hasattr(ev, "logprobs") and ev.logprobs is not None]
+        done = h.result()
+    lps = [lp for p in pieces for lp in p.logprobs]
+    assert [lp.token for lp in lps] == done.tokens  # forced tokens too: one per step when logprobs are on
+
+
+def test_gemma_json_and_forced_call(gemma_model_path):
+    from llamacy import Llama
+
+    gemma = Llama(gemma_model_path, n_ctx=1024, n_threads=2)
+    msgs = [
+        {"role": "system", "content": "You answer in JSON."},
+        {"role": "user", "content": "Describe a person."},
+    ]
+    out = gemma.create_chat_completion(msgs, temperature=0, max_tokens=100, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})  # fmt: skip
+    jsonschema.validate(json.loads(out["choices"][0]["message"]["content"]), PERSON)
+    msgs = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    out = gemma.create_chat_completion(
+        msgs, temperature=0, max_tokens=60, tools=[WEATHER], tool_choice="required"
+    )
+    [call] = out["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and "city" in json.loads(call["function"]["arguments"])
+    # The next turn, with the call and its result, renders through Gemma's strictly alternating template.
+    follow = [
+        *msgs,
+        out["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": "5 C"},
+    ]
+    again = gemma.create_chat_completion(follow, temperature=0, max_tokens=20, tools=[WEATHER])
+    assert again["choices"][0]["message"]["content"] or again["choices"][0]["message"].get("tool_calls")

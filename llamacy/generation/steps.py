@@ -159,7 +159,8 @@ class SequenceState:
     def _constrained_step(self, logits: np.ndarray, context_full: bool, room: int) -> Step:
         """step() under a grammar: the mask in the draw, forced tokens without one, and the end of the
         sequence when the grammar is complete."""
-        budget = 1 if context_full else max(1, room)
+        # With logprobs, one token per step: a forced token evaluated in a batch would have no logits of its own.
+        budget = 1 if context_full or self.logprobs is not None else max(1, room)
         if self.max_tokens is not None:
             budget = min(budget, self.max_tokens - len(self.tokens))
         t0 = time.perf_counter()

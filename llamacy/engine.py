@@ -176,7 +176,7 @@ class Llama:
         if max_tokens is not None and max_tokens < 0:
             max_tokens = None  # -1: until the context is full or the model stops
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
-        session = self.session
+        session = self.session  # built on first use, which load_s then includes
         yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint)
 
     def generate(

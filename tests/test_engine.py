@@ -121,3 +121,22 @@ def test_stop_string_split_across_tokens(default_model_path):
     cut = "".join(llm.generate("The capital of France is", max_tokens=12, temperature=0, stop=["s.\n"]))
     assert cut == full[: full.index("s.\n")]
     assert llm.last.finish_reason == "stop"
+
+
+def test_kv_reuse_prefix_leaves_the_last_token_to_evaluate(tiny):
+    kv = tiny.model.kv
+    assert kv.reuse_prefix(0, [1, 2, 3]) == 0  # empty cache
+    kv.append(0, [1, 2, 3, 4])
+    assert kv.reuse_prefix(0, [1, 2, 3, 4]) == 3  # all cached: the last is evaluated again for its logits
+    assert kv.tokens[0] == [1, 2, 3]
+    assert kv.reuse_prefix(0, [1, 2, 9, 9]) == 2 and kv.tokens[0] == [1, 2]
+    assert kv.reuse_prefix(0, [7]) == 0 and kv.length(0) == 0
+
+
+def test_the_single_sequence_model_is_built_on_first_use(tiny_model):
+    llm = Llama(tiny_model("llama", QT.Q8_0), n_threads=1, n_ctx=32)
+    assert llm._session is None and llm.last is None
+    llm.reset()  # nothing to forget yet, and nothing built for it
+    assert llm._session is None
+    list(llm.generate([1, 2], max_tokens=2, temperature=0))
+    assert llm.model.kv.length(0) >= 2 and llm.last.stats.load_s == llm.load_s

@@ -87,9 +87,8 @@ def test_batched_logits_equal_solo_logits(llm):
 def test_serving_binds_the_weights_once_and_builds_one_model(llm, monkeypatch):
     """What `llamacy serve` builds, a Llama and then a Scheduler, is one Model (one Forward, with its
     scratch) over one binding of the weights; the single-sequence Model comes only with its API's use."""
-    import llamacy.model.forward as forward
-    import llamacy.model.weights as weights
     from llamacy import Llama
+    from llamacy.model import forward, weights
 
     built: list[int] = []
     bound: list[int] = []

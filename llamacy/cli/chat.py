@@ -440,12 +440,12 @@ def chat(
     from llamacy.chat_template import ChatTemplate
     from llamacy.engine import Llama
 
+    loading: Any = contextlib.nullcontext()
     if interactive and markdown:
         from rich.console import Console
 
-        with Console().status("[dim]loading the model…[/dim]", spinner="dots"):
-            llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
-    else:
+        loading = Console().status("[dim]loading the model…[/dim]", spinner="dots")
+    with loading:
         llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
     session = ChatSession(llm, template, system=system, max_tokens=predict, **sampling)

@@ -401,7 +401,9 @@ def test_bad_requests(llm, server, http):
     assert_error(http.post("/v1/completions", json={"prompt": "x", "stream_options": {}}), 400, "stream")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"a": 1}}), 400, "token id")
     assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"1": 101}}), 400, "logit")
-    assert_error(http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"999999": 1}}), 400, "vocab")
+    assert_error(
+        http.post("/v1/completions", json={"prompt": "x", "logit_bias": {"999999": 1}}), 400, "vocab"
+    )
     assert_error(http.post("/v1/completions", json={"prompt": "x", "max_tokens": -1}), 400, "max_tokens")
     assert_error(http.post("/v1/completions", json={"prompt": [1, 10**7]}), 400, "vocabulary")
     assert_error(http.post("/v1/chat/completions", json={"messages": []}), 400, "messages")
@@ -585,3 +587,28 @@ def test_default_model_end_to_end(default_model_path):
             model="tiny", prompt="The capital of France is", max_tokens=4, temperature=0
         )
         assert "Paris" in r.choices[0].text
+
+
+def test_models_registry_with_the_tiny_model(tiny_path, tmp_path):
+    """The multi-model path without real models: load on first use, a file that cannot load is a 500
+    naming it (the others still answer), an unknown name a 404 listing the known ones."""
+    from llamacy.server import ModelLoader, ModelRegistry, ModelSpec
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    specs = [ModelSpec("tiny", str(tiny_path)), ModelSpec("broken", str(broken))]
+    registry = ModelRegistry(specs, ModelLoader(n_ctx=64, n_threads=1, n_parallel=1, queue_size=4))
+    try:
+        with ServerThread(create_app(registry)) as srv:
+            models = httpx.get(srv.url + "/v1/models").json()["data"]
+            assert [(m["id"], m["loaded"]) for m in models] == [("tiny", False), ("broken", False)]
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+            assert r.status_code == 200 and r.json()["model"] == "tiny"
+            assert registry.is_loaded("tiny") and not registry.is_loaded("broken")
+            r = httpx.post(srv.url + "/v1/completions", json={"model": "broken", "prompt": "Hi"}, timeout=30)
+            assert assert_error(r, 500, "model 'broken' could not be loaded")["code"] == "model_load_failed"
+            r = httpx.post(srv.url + "/v1/completions", json={"model": "nope", "prompt": "Hi"}, timeout=30)
+            assert assert_error(r, 404, "known models: tiny, broken")["code"] == "model_not_found"
+    finally:
+        registry.close()
+    assert not registry.loaded()

@@ -1,7 +1,9 @@
-"""`llamacy serve`: an OpenAI-compatible HTTP server (plus the job API) that many clients share."""
+"""`llamacy serve`: an OpenAI-compatible HTTP server (plus the job API) that many clients share, for one
+model or several (each loaded on first use, with its own scheduler)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -9,12 +11,51 @@ import typer
 
 from llamacy.cli import options as opt
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'2G', '512MiB', '1.5g', '1000000' -> bytes (K, M, G, T: powers of 1024)."""
+    from llamacy.errors import UsageError
+
+    m = _SIZE.match(text)
+    if m is None or float(m.group(1)) <= 0:
+        raise UsageError(f"--max-memory must be a size such as 4G, 512M or a number of bytes, got {text!r}")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+def model_name(source: str) -> str:
+    """The name requests use: a catalog name as given, else the file's stem (models/foo.gguf -> foo)."""
+    from llamacy.catalog import KNOWN_MODELS
+
+    return source if source in KNOWN_MODELS else Path(source).stem
+
+
+def read_models_file(path: Path) -> list[str]:
+    from llamacy.errors import UsageError
+
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read --models file {path}: {e.strerror or e}") from None
+    return [s for line in lines if (s := line.split("#", 1)[0].strip())]
+
 
 def serve(
-    model: str = opt.MODEL,
+    models: list[str] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="A GGUF file or a known model name (default: smollm2-135m). Repeat it to serve several: a "
+        "request's `model` field picks one by name, which is the known name as given (smollm2-135m) or "
+        "the file's stem (models/foo.gguf -> foo); a request without one gets the first.",
+    ),
+    models_file: Path = typer.Option(
+        None, "--models", help="A file of models to serve, one -m value per line (# comments)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="TCP port; 0 picks a free one."),
-    parallel: int = typer.Option(4, "--parallel", "-np", help="Sequences generated at once (batched)."),
+    parallel: int = typer.Option(4, "--parallel", "-np", help="Sequences generated at once per model."),
     threads: int = opt.THREADS,
     ctx_size: int = typer.Option(
         None,
@@ -24,7 +65,7 @@ def serve(
     ),
     kv_type: str = opt.KV_TYPE,
     queue_size: int = typer.Option(
-        64, "--queue-size", help="Requests that may wait for a slot; more get 429."
+        64, "--queue-size", help="Requests that may wait for a slot, per model; more get 429."
     ),
     api_key: str = typer.Option(
         None,
@@ -36,6 +77,15 @@ def serve(
         None, "--chat-template", help="A Jinja chat template file, instead of the model's own."
     ),
     job_ttl: float = typer.Option(3600.0, "--job-ttl", help="Seconds a finished job's result is kept."),
+    max_memory: str = typer.Option(
+        None,
+        "--max-memory",
+        help="Memory for the loaded models together (e.g. 4G), as `llamacy info` estimates it: weights + "
+        "KV cache of --parallel sequences. To load another, the least recently used idle ones are unloaded.",
+    ),
+    idle_unload: float = typer.Option(
+        0.0, "--idle-unload", help="Unload a model unused for this many seconds (0: never)."
+    ),
 ) -> None:
     from llamacy.errors import UsageError
 
@@ -48,31 +98,56 @@ def serve(
         raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
     if job_ttl < 0:
         raise UsageError(f"--job-ttl must be at least 0, got {job_ttl}")
+    if idle_unload < 0:
+        raise UsageError(f"--idle-unload must be at least 0, got {idle_unload}")
+    budget = parse_size(max_memory) if max_memory is not None else None
+    sources = list(models or []) + (read_models_file(models_file) if models_file else [])
 
-    from llamacy.chat_template import ChatTemplate
-    from llamacy.engine import Llama
-    from llamacy.scheduler import Scheduler
-    from llamacy.server import ServerSettings, bind, create_app, serve_forever
+    from llamacy.catalog import DEFAULT_MODEL
+    from llamacy.cli.info import describe
+    from llamacy.model import default_threads
+    from llamacy.server import ModelRegistry, ServerSettings, bind, create_app, serve_forever
+    from llamacy.server.loading import ModelLoader
+    from llamacy.server.models import ModelSpec
     from llamacy.server.runner import url_of
 
+    specs: list[ModelSpec] = []
+    ctx_of: list[int] = []  # each model's context per sequence
+    for source in sources or [DEFAULT_MODEL]:
+        name = model_name(source)
+        if any(s.name == name for s in specs):
+            raise UsageError(f"two models are named {name!r}: serve each model once, under distinct names")
+        # llamacy info's estimate: checks the file now, and sizes the model for --max-memory.
+        d = describe(source, ctx_size, kv_type)
+        mem = d["memory"]
+        ctx_of.append(d["ctx_size"])
+        footprint = mem["weights"] + mem["kv_cache"] * parallel
+        if budget is not None and footprint > budget:
+            raise UsageError(
+                f"model {name!r} needs about {footprint / 2**20:.0f} MiB (weights + KV cache of {parallel} "
+                f"sequences) but --max-memory is {budget / 2**20:.0f} MiB"
+            )
+        specs.append(ModelSpec(name, source, footprint))
+
     sock = bind(host, port)  # before loading: a port in use fails fast
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)  # the scheduler builds the Model
-    template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
-    scheduler = Scheduler(llm, n_parallel=parallel, n_ctx=llm.n_ctx, queue_size=queue_size)
-    settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl, model_name=llm.model_path.stem)
-    app = create_app(scheduler, template, settings)
-    sys.stderr.write(
-        f"llamacy: serving {llm.model_path.name} at {url_of(sock)}/v1 "
-        f"({parallel} parallel x {llm.n_ctx} tokens, {llm.kv_type} KV cache, {scheduler.n_threads} "
-        f"thread{'s' if scheduler.n_threads != 1 else ''}"
-        f"{', API key required' if api_key else ''})\n"
-    )
-    sys.stderr.flush()
-    scheduler.start()
+    loader = ModelLoader(ctx_size, threads, kv_type, parallel, queue_size, chat_template)
+    registry = ModelRegistry(specs, loader, max_memory=budget, idle_unload_s=idle_unload or None)
     try:
+        if len(specs) == 1:
+            registry.get(None)  # one model: loaded now, so that a model that cannot load fails here
+        settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl)
+        app = create_app(registry, settings=settings)
+        names = ", ".join(f"{s.name} [{n} tokens]" for s, n in zip(specs, ctx_of, strict=True))
+        n_threads = threads or default_threads()
+        sys.stderr.write(
+            f"llamacy: serving {names} at {url_of(sock)}/v1 ({parallel} parallel, {kv_type} KV cache, "
+            f"{n_threads} thread{'s' if n_threads != 1 else ''}{', API key required' if api_key else ''}"
+            f"{'; models load on first use' if len(specs) > 1 else ''})\n"
+        )
+        sys.stderr.flush()
         serve_forever(app, sock)
     except KeyboardInterrupt:
         pass  # uvicorn re-raises Ctrl-C after its graceful shutdown: stopping a server is a success
     finally:
-        scheduler.shutdown()
+        registry.close()
         sock.close()

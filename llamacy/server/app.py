@@ -3,8 +3,8 @@
     app = create_app(scheduler, template, ServerSettings(api_key="secret"))   # one model
     app = create_app(ModelRegistry([...]), settings=ServerSettings())        # several
 
-The schedulers of models handed in are started and stopped by whoever runs the app (see runner.py),
-not by the app itself.
+Whoever runs the app starts and stops the schedulers of the models handed in loaded (see runner.py),
+and closes the registry (which shuts down those it loaded itself).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from starlette.middleware import Middleware
 from llamacy.scheduler import Scheduler
 from llamacy.server.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from llamacy.server.job_store import JobStore
-from llamacy.server.middleware import CountRequests, LimitBody, RequireAPIKey
+from llamacy.server.middleware import CountRequests, HoldModels, LimitBody, RequireAPIKey
 from llamacy.server.models import ModelRegistry
 from llamacy.server.routes import PUBLIC_PATHS, ROUTES
 from llamacy.server.state import ServerSettings, ServerState
@@ -39,6 +39,7 @@ def create_app(
     if settings.api_key:
         middleware.append(Middleware(RequireAPIKey, api_key=settings.api_key, public_paths=PUBLIC_PATHS))
     middleware.append(Middleware(LimitBody, limit=settings.max_body_bytes))
+    middleware.append(Middleware(HoldModels))
     app = Starlette(
         routes=ROUTES,
         middleware=middleware,

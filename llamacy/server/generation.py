@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from llamacy.errors import LlamacyError
 from llamacy.sampling import MAX_SEED, SamplingParams
-from llamacy.scheduler import Done, GenerationRequest, Handle, TokenLogprob
+from llamacy.scheduler import Done, Event, Failed, GenerationRequest, Handle, TokenLogprob
 from llamacy.server.errors import APIError, from_engine_error
 from llamacy.server.mailbox import EventBridge
 from llamacy.server.mailbox import LoopMailbox as LoopMailbox  # re-exported: tests/test_scheduler.py uses it
@@ -123,11 +123,22 @@ def build_request(
     )
 
 
-def submit(served: ServedModel, request: GenerationRequest, listener: Any = None) -> Handle:
+def submit(served: ServedModel, request: GenerationRequest, listener: Callable[[Event], None]) -> Handle:
+    """Queue a request; the model counts as busy (not to be unloaded) until it ends."""
+
+    def on_event(ev: Event) -> None:
+        listener(ev)
+        if isinstance(ev, Done | Failed):
+            served.finished()
+
+    served.submitted()
     try:
-        return served.scheduler.submit(request, listener)
-    except LlamacyError as e:
-        raise from_engine_error(e) from None
+        return served.scheduler.submit(request, on_event)
+    except BaseException as e:
+        served.finished()  # refused: it never ran
+        if isinstance(e, LlamacyError):
+            raise from_engine_error(e) from None
+        raise
 
 
 def choices(request: GenerationRequest, n: int) -> list[GenerationRequest]:

@@ -3,6 +3,7 @@ The jobs themselves live in job_store.py; they run in the same schedulers as the
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from starlette.requests import Request
@@ -17,12 +18,14 @@ from llamacy.server.state import state_of
 async def create_job(request: Request) -> JSONResponse:
     state = state_of(request)
     body = parse(JobRequest, await request.body())
-    served = state.models.get(body.model)
+    t0 = time.perf_counter()
+    served = await state.models.acquire(body.model)
+    load_ms = (time.perf_counter() - t0) * 1000  # loading it, when this job is its first use
     job_id = body.id or str(uuid.uuid4())
     ids = await gen.encode_text(served, body.prompt)
     req = gen.build_request(served, body, ids, body.max_tokens)
     req.id = job_id
-    job = state.jobs.add(job_id, body.prompt, served.name)
+    job = state.jobs.add(job_id, body.prompt, served.name, load_ms)
     try:
         job.handle = gen.submit(served, req, job.on_event)
     except BaseException:

@@ -50,6 +50,12 @@ def render(state: ServerState) -> str:
         samples = [(f'{{model="{_esc(m.name)}"}}', getattr(m.scheduler, attr)) for m in loaded]
         metric(name, kind, help_, samples)
 
+    metric(
+        "llamacy_model_loaded",
+        "gauge",
+        "1 for a model loaded now, 0 for one loaded on its next request.",
+        [(f'{{model="{_esc(n)}"}}', int(state.models.is_loaded(n))) for n in state.models.names()],
+    )
     reqs = sorted(state.requests.snapshot().items())
     metric(
         "llamacy_requests_total",

@@ -1,5 +1,5 @@
 """The ASGI middleware in front of the routes, outermost first: count requests (so that refusals count
-too) -> API key -> body size."""
+too) -> API key -> body size -> hold the models a request uses."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llamacy.server.errors import APIError, error_response
+from llamacy.server.models import holding
 
 
 class HTTPMiddleware:
@@ -76,6 +77,14 @@ class CountRequests(HTTPMiddleware):
             await self.app(scope, receive, send_and_note)
         finally:
             self.counter.add(label, status)
+
+
+class HoldModels(HTTPMiddleware):
+    """The models a request acquires stay loaded until its response has been sent (streams included)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with holding():
+            await self.app(scope, receive, send)
 
 
 class RequireAPIKey(HTTPMiddleware):

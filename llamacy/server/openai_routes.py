@@ -37,7 +37,14 @@ async def list_models(request: Request) -> JSONResponse:
         {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": state.created, "owned_by": "llamacy"}
+                # `loaded`: an addition; a model that is not is loaded by its first request.
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": state.created,
+                    "owned_by": "llamacy",
+                    "loaded": state.models.is_loaded(name),
+                }
                 for name in state.models.names()
             ],
         }
@@ -153,7 +160,7 @@ class _ChatShape(_Shape):
 
 async def completions(request: Request) -> Response:
     body = parse(CompletionRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a list of one prompt
@@ -173,7 +180,7 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     body = parse(ChatRequest, await request.body())
-    served = state_of(request).models.get(body.model)
+    served = await state_of(request).models.acquire(body.model)
     structured = await structured_for(served, body, chat=True)
     ids = await gen.encode_chat(served, messages_of(body), structured)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None

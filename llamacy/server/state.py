@@ -2,7 +2,7 @@
 imports no route module), so that any route can import it without a cycle.
 
     state = state_of(request)
-    served = state.models.get(body.model)
+    served = await state.models.acquire(body.model)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def _piece(raw: bytes) -> str | list[int]:
 
 async def tokenize(request: Request) -> JSONResponse:
     body = parse(TokenizeRequest, await request.body())
-    tok = state_of(request).models.get(body.model).tokenizer
+    tok = (await state_of(request).models.acquire(body.model)).tokenizer
     ids = await run_in_threadpool(gen.text_ids, tok, body.content, body.add_special, body.parse_special)
     tokens: list[Any] = ids
     if body.with_pieces:
@@ -42,7 +42,7 @@ async def tokenize(request: Request) -> JSONResponse:
 
 async def detokenize(request: Request) -> JSONResponse:
     body = parse(DetokenizeRequest, await request.body())
-    tok = state_of(request).models.get(body.model).tokenizer
+    tok = (await state_of(request).models.acquire(body.model)).tokenizer
     n_vocab = tok.n_vocab
     bad = [t for t in body.tokens if not 0 <= t < n_vocab]
     if bad:

@@ -71,7 +71,8 @@ def create_chat_completion(
         frequency_penalty=frequency_penalty,
         seed=seed,
     )
-    gen = llm.generate_tokens(ids, max_tokens, stop=stops, grammar=structured.grammar, **sampling)
+    constraint = structured.constraint(llm.tokenizer, llm.n_vocab)
+    gen = llm.generate_tokens(ids, max_tokens, stop=stops, constraint=constraint, **sampling)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     model = llm.model_path.name

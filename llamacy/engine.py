@@ -165,14 +165,19 @@ class Llama:
         stop: Sequence[str] = (),
         add_bos: bool | None = None,
         grammar: Grammar | None = None,
+        constraint: Any = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
         is incomplete, and a last (-1, text) carries text held back to the end. self.last holds the
         Completion (text, finish_reason, stats) as it grows. `grammar` (from llamacy.structured, e.g.
-        json_schema_grammar(schema)) confines the output to it."""
+        json_schema_grammar(schema)) confines the output to it; `constraint` is a per-sequence one already
+        made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar)."""
         params = sampling_params(sampling)
-        constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
+        if grammar is not None:
+            if constraint is not None:
+                raise UsageError("give a grammar or a constraint, not both")
+            constraint = Constraint(grammar, self.tokenizer, self.n_vocab)
         if max_tokens is not None and max_tokens < 0:
             max_tokens = None  # -1: until the context is full or the model stops
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)

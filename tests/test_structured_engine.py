@@ -182,3 +182,33 @@ def test_gemma_json_and_forced_call(gemma_model_path):
     ]
     again = gemma.create_chat_completion(follow, temperature=0, max_tokens=20, tools=[WEATHER])
     assert again["choices"][0]["message"]["content"] or again["choices"][0]["message"].get("tool_calls")
+
+
+def test_auto_mode_call_opened_by_the_model_is_valid(llm):
+    """ "auto": once the reply opens a <tool_call> (scripted here: this small model rarely does on its own),
+    the real model writes the rest under the tools' grammar, and the reply parses into a call."""
+    from llamacy.chat_api import chat_template
+    from llamacy.sampling import Sampler, SamplingParams
+    from llamacy.structured import StructuredRequest, next_tokens, parse_tool_calls
+
+    tpl = chat_template(llm)
+    s = StructuredRequest.from_request(tpl, tools=[WEATHER])
+    c = s.constraint(llm.tokenizer, llm.n_vocab)
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    ids = tpl.encode(s.render(tpl, ask, add_generation_prompt=True))
+    out = llm.tokenize("I'll check. <tool_call>", add_bos=False)
+    c.accept_all(out)
+    llm.reset()
+    logits = llm.model.eval(ids + out, logits="last")
+    sampler = Sampler(SamplingParams(temperature=0), llm.n_vocab)
+    while not c.done and len(out) < 80:
+        history = ids + out
+        toks = next_tokens(c, lambda mask, h=history, x=logits: sampler.sample(x, h, mask), tpl.stop_ids, 80)
+        if not toks:
+            break
+        out += toks
+        logits = llm.model.eval(toks, logits="last")
+    assert c.done
+    content, calls = parse_tool_calls(llm.detokenize(out), ["get_weather"])
+    assert content == "I'll check." and len(calls) == 1
+    assert "city" in json.loads(calls[0]["function"]["arguments"])

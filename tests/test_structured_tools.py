@@ -198,7 +198,7 @@ def test_structured_request(model):
     deltas = tool_call_deltas(calls)
     assert deltas[0]["index"] == 0 and deltas[0]["function"]["arguments"] == '{"a": 1, "b": 2}'
     s = StructuredRequest.from_request(tpl, tools=TOOLS)
-    assert not s.constrained and s.reply("Hello", "stop") == ("Hello", [], "stop")
+    assert s.grammar is None and s.reply("Hello", "stop") == ("Hello", [], "stop")  # "auto": text is text
     assert StructuredRequest.none().constraint(tok) is None
 
 
@@ -223,3 +223,32 @@ def test_parallel_calls(model):
     assert stream.finish() == (two[:20], [])  # cut off by max_tokens: what was written, as a whole reply has
     stream = StructuredRequest.from_request(tpl, tools=TOOLS, tool_choice="required").stream()
     assert stream.feed(two) == "" and stream.finish()[0] == ""
+
+
+def test_auto_mode_constrains_a_call_once_opened(model):
+    tok, tpl = model
+    s = StructuredRequest.from_request(tpl, tools=TOOLS)  # "auto"
+    assert s.grammar is None and s.constrained
+    c = s.constraint(tok)
+    c.accept_all(tok.encode("Let me check that for you."))
+    assert not c.triggered and not c.done and c.forced() == []
+    assert all(c.fits(t) for t in tok.encode("anything { at all"))  # free text before a call
+    c.accept_all(tok.encode(" <tool_call>"))
+    assert c.triggered
+    assert not c.fits(tok.encode("hello")[0])  # after the tag, only the call can follow
+    c.accept_all(tok.encode('\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'))
+    assert c.done
+    # The tag may end inside a token: the bytes after it go to the grammar.
+    for text in ('<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>',
+                 'Sure!<tool_call>\n{"name":"add","arguments":{"a":3,"b":4}}\n</tool_call>'):  # fmt: skip
+        c = s.constraint(tok)
+        c.accept_all(tok.encode(text))
+        assert c.triggered and c.done
+    # No trigger for templates whose calls are bare JSON, nor when response_format constrains the reply.
+    assert (
+        StructuredRequest.from_request(
+            tpl, tools=TOOLS, response_format={"type": "json_object"}
+        ).after_trigger
+        is None
+    )
+    assert StructuredRequest.from_request(tpl, tools=TOOLS, tool_choice="none").constraint(tok) is None

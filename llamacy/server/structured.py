@@ -53,7 +53,7 @@ async def structured_for(served: ServedModel, body: Any, chat: bool) -> Structur
             tool_choice=tool_choice,
             parallel_tool_calls=getattr(body, "parallel_tool_calls", None) if chat else None,
         )
-        if s.grammar is not None:
+        if s.constrained:
             s.constraint(served.tokenizer)  # builds the vocabulary view now, and proves the grammar loads
         return s
 
@@ -67,7 +67,7 @@ async def attach_constraints(
     served: ServedModel, s: StructuredRequest, requests: list[GenerationRequest]
 ) -> None:
     """Each choice gets its own constraint: a grammar's state belongs to one sequence."""
-    if s.grammar is None:
+    if not s.constrained:
         return
     n_vocab = served.scheduler.n_vocab
 

@@ -93,3 +93,78 @@ class Constraint:
             raise LlamacyError(
                 f"{self.grammar.source} constraint failed: {one_line(self._matcher.get_error())}"
             )
+
+
+class TriggeredConstraint:
+    """Free text until the output spells `trigger`, then `grammar` from the byte after it (llama.cpp's lazy
+    grammars). With tool_choice "auto" the model may answer in prose, and once it opens a <tool_call> the
+    call it writes is valid against the tools' schemas.
+
+    The trigger can end inside a token (">\\n{" is one token in some vocabularies): the bytes after it are
+    tokenized again and fed to the grammar. If the grammar refuses them, the output stays free text (and the
+    reply is parsed as such)."""
+
+    def __init__(self, trigger: str, grammar: Grammar, tokenizer: Any, n_logits: int | None = None) -> None:
+        self.trigger = trigger.encode("utf-8")
+        self.grammar = grammar
+        self.n_vocab = tokenizer.n_vocab
+        self.n_logits = max(int(n_logits or self.n_vocab), self.n_vocab)
+        self._tokenizer = tokenizer
+        ll_tokenizer(tokenizer)  # built now, not at the trigger
+        self._tail = b""  # the output's last bytes, where the trigger may be starting
+        self._inner: Constraint | None = None
+        self._abandoned = False
+        self._free: np.ndarray | None = None
+
+    @property
+    def triggered(self) -> bool:
+        return self._inner is not None
+
+    @property
+    def done(self) -> bool:
+        return self._inner is not None and self._inner.done
+
+    @property
+    def accepting(self) -> bool:
+        return self._inner is None or self._inner.accepting
+
+    def allowed(self) -> np.ndarray:
+        if self._inner is not None:
+            return self._inner.allowed()
+        if self._free is None:
+            self._free = np.zeros(self.n_logits, dtype=bool)
+            self._free[: self.n_vocab] = True
+        return self._free
+
+    def forced(self) -> list[int]:
+        return self._inner.forced() if self._inner is not None else []
+
+    def fits(self, token: int) -> bool:
+        return self._inner.fits(token) if self._inner is not None else True
+
+    def accept(self, token: int) -> None:
+        if self._inner is not None:
+            self._inner.accept(token)
+            return
+        if self._abandoned or not 0 <= token < self.n_vocab:
+            return
+        self._tail += self._tokenizer.token_bytes(int(token))
+        at = self._tail.find(self.trigger)
+        if at < 0:
+            self._tail = self._tail[-(len(self.trigger) - 1) :] if len(self.trigger) > 1 else b""
+            return
+        rest = self._tail[at + len(self.trigger) :]
+        inner = Constraint(self.grammar, self._tokenizer, self.n_logits)
+        ids = ll_tokenizer(self._tokenizer).tokenize_bytes(rest) if rest else []
+        if inner.valid_prefix(ids) < len(ids):
+            self._abandoned = True  # not a call after all: the text goes on unconstrained
+            return
+        inner.accept_all(ids)
+        self._inner = inner
+
+    def accept_all(self, tokens: list[int]) -> None:
+        for t in tokens:
+            self.accept(t)
+
+    def reset(self) -> None:
+        self._tail, self._inner, self._abandoned = b"", None, False

@@ -6,7 +6,9 @@
     content, tool_calls, finish = s.reply(text, finish_reason)          # OpenAI's message fields
 
 A forced tool call (tool_choice "required" or a named function) takes the call's grammar; response_format then
-applies to the answer the model gives after the tool's result, in a later request without a forced call.
+applies to the answer the model gives after the tool's result, in a later request without a forced call. With
+"auto" (and no response_format), the reply is free until the model opens a <tool_call>; the call it then writes
+follows the tools' schemas (a TriggeredConstraint).
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamacy.structured.constraint import Constraint
+from llamacy.structured.constraint import Constraint, TriggeredConstraint
 from llamacy.structured.grammar import Grammar, request_grammar
 from llamacy.structured.tool_parse import ToolCallStream, parse_tool_calls
-from llamacy.structured.tools import ToolPlan
+from llamacy.structured.tools import CALL_OPEN, ToolPlan
 
 
 @dataclass(frozen=True)
 class StructuredRequest:
-    grammar: Grammar | None
+    grammar: Grammar | None  # the whole reply's grammar
     tools: ToolPlan
+    after_trigger: Grammar | None = None  # "auto": the grammar after the model opens a <tool_call>
 
     @classmethod
     def from_request(
@@ -43,7 +46,8 @@ class StructuredRequest:
         g = request_grammar(response_format, grammar, json_schema)
         if plan.forced:
             g = plan.grammar(template)
-        return cls(g, plan)
+        lazy = plan.after_trigger_grammar(template) if g is None else None
+        return cls(g, plan, lazy)
 
     @classmethod
     def none(cls) -> StructuredRequest:
@@ -51,15 +55,21 @@ class StructuredRequest:
 
     @property
     def constrained(self) -> bool:
-        return self.grammar is not None
+        return self.grammar is not None or self.after_trigger is not None
 
     def render(self, template: Any, messages: Sequence[Mapping[str, Any]], **extra: Any) -> str:
         """The chat prompt: with the tools when they are offered, and earlier calls and results in any case."""
         return self.tools.render(template, messages, **extra)
 
-    def constraint(self, tokenizer: Any, n_logits: int | None = None) -> Constraint | None:
+    def constraint(
+        self, tokenizer: Any, n_logits: int | None = None
+    ) -> Constraint | TriggeredConstraint | None:
         """A fresh per-sequence constraint (each sequence of a request needs its own)."""
-        return None if self.grammar is None else Constraint(self.grammar, tokenizer, n_logits)
+        if self.grammar is not None:
+            return Constraint(self.grammar, tokenizer, n_logits)
+        if self.after_trigger is not None:
+            return TriggeredConstraint(CALL_OPEN, self.after_trigger, tokenizer, n_logits)
+        return None
 
     def reply(
         self, text: str, finish_reason: str | None

@@ -255,6 +255,21 @@ class ToolPlan:
         nothing else. None when the model may answer in text."""
         if not self.forced:
             return None
+        call = f'"{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"' if self.wrapped(template) else "body"
+        many = ' ("\\n" call)*' if self.parallel is True and self.choice == "required" else ""
+        return self._call_grammar(f"start: call{many}\ncall: {call}\n")
+
+    def after_trigger_grammar(self, template: Any) -> Grammar | None:
+        """For "auto" with <tool_call> tags: what must follow a <tool_call> the model opens (the rest of the
+        call, then the end or, with parallel_tool_calls true, more calls). None when there is no trigger."""
+        if not self.active or self.forced or not self.wrapped(template):
+            return None
+        rest = f'/[ \\t]*\\n?/ body /[ \\t]*\\n?/ "{CALL_CLOSE}"'
+        many = f' ("\\n{CALL_OPEN}" rest)*' if self.parallel is True else ""
+        return self._call_grammar(f"start: rest{many}\nrest: {rest}\n")
+
+    def _call_grammar(self, rules: str) -> Grammar:
+        """`rules` plus `body`: one call's JSON, {"name": <an offered tool>, "arguments": <its parameters>}."""
         variants = [
             {
                 "type": "object",
@@ -265,11 +280,5 @@ class ToolPlan:
             for t in self.offered()
         ]
         schema = {"anyOf": variants, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
-        if self.wrapped(template):
-            call = f'"{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"'
-            sep = '"\\n"'
-        else:
-            call, sep = "body", '"\\n"'
-        many = f" ({sep} call)*" if self.parallel is True and self.choice == "required" else ""
-        lark = f"start: call{many}\ncall: {call}\nbody: %json {json.dumps(schema)}\n"
+        lark = f"{rules}body: %json {json.dumps(schema)}\n"
         return check(llguidance.LLMatcher.grammar_from_lark(lark), "tool_calls", "tool parameters schema")

@@ -18,29 +18,36 @@ from llamacy.errors import UsageError
 from llamacy.scheduler import GenerationRequest
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
-from llamacy.structured import StructuredRequest, tool_call_deltas
+from llamacy.structured import StructuredRequest
 
-__all__ = ["attach_constraints", "messages_of", "structured_for", "tool_call_deltas"]
+__all__ = ["attach_constraints", "messages_of", "structured_for"]
 
 
-def _param(message: str, chat: bool) -> str:
-    """The request field a structured-output error is about, for the error's `param`."""
-    for name in ("tool_choice", "parallel_tool_calls", "response_format", "grammar", "json_schema"):
+def _param(message: str, given: list[str]) -> str | None:
+    """The request field a structured-output error is about (OpenAI's error `param`): a tools field the
+    message names, else the first output-format field the request gave."""
+    for name in ("tool_choice", "parallel_tool_calls"):
         if name in message:
             return name
-    if message.startswith("tools[") or "tool " in message:
+    if message.startswith("tools") or "tool " in message:
         return "tools"
-    if "JSON schema" in message or "schema" in message:
-        return "response_format" if chat else "json_schema"
-    return "response_format"
+    formats = [name for name in given if name in ("response_format", "grammar", "json_schema")]
+    return formats[0] if formats else None
 
 
 async def structured_for(served: ServedModel, body: Any, chat: bool) -> StructuredRequest:
     """The request's grammar and tools, checked; StructuredRequest.none() when it asks for neither."""
     tools = getattr(body, "tools", None) if chat else None
     tool_choice = getattr(body, "tool_choice", None) if chat else None
-    fields = (body.response_format, body.grammar, body.json_schema, tools, tool_choice)
-    if all(f is None for f in fields):
+    fields = {
+        "response_format": body.response_format,
+        "grammar": body.grammar,
+        "json_schema": body.json_schema,
+        "tools": tools,
+        "tool_choice": tool_choice,
+    }
+    given = [name for name, value in fields.items() if value is not None]
+    if not given or (chat and served.template is None):  # no template: the chat route answers 501 itself
         return StructuredRequest.none()
 
     def build() -> StructuredRequest:
@@ -60,7 +67,7 @@ async def structured_for(served: ServedModel, body: Any, chat: bool) -> Structur
     try:
         return await run_in_threadpool(build)
     except UsageError as e:
-        raise APIError(400, str(e), "invalid_value", _param(str(e), chat)) from None
+        raise APIError(400, str(e), "invalid_value", _param(str(e), given)) from None
 
 
 async def attach_constraints(

@@ -1,10 +1,11 @@
 """One sequence's grammar state: which tokens may come next, which are forced, and whether it is finished.
 
     c = Constraint(grammar, llm.tokenizer, n_logits=llm.n_vocab)
-    while not c.done:
-        forced = c.forced()              # tokens the grammar leaves no choice about: evaluate them as one batch
-        if forced: c.accept_all(forced); ...
-        else: tok = sampler.sample(logits, history, mask=c.allowed()); c.accept(tok)
+    c.forced()                 # tokens the grammar leaves no choice about: evaluate them as one batch
+    c.fits(tok)                # one token checked (~15 us)
+    c.allowed()                # the whole mask, bool [n_logits], for Sampler.sample(mask=)
+    c.accept(tok); c.done      # advance; the grammar is complete
+    (decode.next_tokens puts these together; TriggeredConstraint is the lazy variant for tool_choice "auto")
 
 Each sequence owns its Constraint, so constrained and unconstrained sequences can share a batch: the mask only
 touches that sequence's logits. When the grammar is complete (`done`), generation ends with finish_reason

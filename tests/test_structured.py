@@ -128,6 +128,12 @@ def test_bad_input_is_one_line_usage_error(call, message):
     assert "\n" not in str(e.value)
 
 
+def test_grammar_that_admits_nothing_is_bad_input(tokenizer):
+    for g in (gbnf_grammar("root ::= x\nx ::= x"), json_schema_grammar({"$ref": "#"})):
+        with pytest.raises(UsageError, match="nothing can be generated from it"):
+            Constraint(g, tokenizer)
+
+
 def test_response_format_variants():
     assert response_format_grammar(None) is None
     assert response_format_grammar({"type": "text"}) is None

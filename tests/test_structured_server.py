@@ -354,6 +354,7 @@ def test_follow_up_turn_with_tool_result(client):
         ("/v1/completions", {"grammar": 'root ::= ("a"'}, "invalid grammar", "grammar"),
         ("/v1/completions", {"json_schema": {"type": "integer", "minimum": 3, "maximum": 1}}, "Unsatisfiable", "json_schema"),
         ("/v1/completions", {"grammar": 'root ::= "a"', "json_schema": {}}, "only one of", "grammar"),
+        ("/v1/completions", {"grammar": "root ::= x\nx ::= x"}, "nothing can be generated", "grammar"),
     ],
 )  # fmt: skip
 def test_bad_schemas_and_grammars_are_400(server, path, body, fragment, param):

@@ -35,9 +35,16 @@ class Constraint:
         self.n_logits = max(int(n_logits or self.n_vocab), self.n_vocab)
         self._matcher = llguidance.LLMatcher(ll_tokenizer(tokenizer), grammar.text, log_level=0)
         if self._matcher.is_error():
-            raise UsageError(f"invalid {grammar.source}: {one_line(self._matcher.get_error())}")
+            raise UsageError(f"invalid {grammar.what}: {one_line(self._matcher.get_error())}")
         self._bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
         self._allowed = np.zeros(self.n_logits, dtype=bool)
+        # A grammar that admits no output at all (`x ::= x`, a schema that is only "$ref": "#") is bad input,
+        # found now rather than as a failure at the first token.
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self._matcher.is_error() or not self._bits.any():
+            raise UsageError(
+                f"invalid {grammar.what}: nothing can be generated from it (a rule defined only by itself?)"
+            )
 
     # ---- state --------------------------------------------------------------------------------------
     @property
@@ -59,7 +66,7 @@ class Constraint:
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab)
         self._allowed[: self.n_vocab] = bits.view(bool)
         if not self._allowed.any():
-            raise LlamacyError(f"the {self.grammar.source} grammar allows no next token (it cannot finish)")
+            raise LlamacyError(f"the {self.grammar.what} allows no next token (it cannot finish)")
         return self._allowed
 
     def forced(self) -> list[int]:
@@ -70,12 +77,12 @@ class Constraint:
         """Advance past `token` (sampled under this constraint's mask, or forced)."""
         if not self._matcher.consume_token(int(token)):
             self._raise_if_error()
-            raise LlamacyError(f"token {token} does not fit the {self.grammar.source} grammar")
+            raise LlamacyError(f"token {token} does not fit the {self.grammar.what}")
 
     def accept_all(self, tokens: list[int]) -> None:
         if tokens and not self._matcher.consume_tokens([int(t) for t in tokens]):
             self._raise_if_error()
-            raise LlamacyError(f"tokens {tokens} do not fit the {self.grammar.source} grammar")
+            raise LlamacyError(f"tokens {tokens} do not fit the {self.grammar.what}")
 
     def fits(self, token: int) -> bool:
         """Whether `token` may come next (one token checked, far cheaper than a whole mask)."""
@@ -92,7 +99,7 @@ class Constraint:
     def _raise_if_error(self) -> None:
         if self._matcher.is_error():
             raise LlamacyError(
-                f"{self.grammar.source} constraint failed: {one_line(self._matcher.get_error())}"
+                f"{self.grammar.what} constraint failed: {one_line(self._matcher.get_error())}"
             )
 
 

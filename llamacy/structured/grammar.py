@@ -39,7 +39,21 @@ class Grammar:
     """An llguidance grammar (its serialized form) and what it came from, for messages."""
 
     text: str
-    source: str  # "json_schema", "json_object", "gbnf", "regex", "lark", "tool_calls"
+    source: str  # "json_schema", "gbnf", "regex", "lark", "tool_calls"
+
+    @property
+    def what(self) -> str:
+        """The grammar's kind as messages name it."""
+        return _SOURCE_NAMES.get(self.source, self.source)
+
+
+_SOURCE_NAMES = {
+    "json_schema": "JSON schema",
+    "gbnf": "grammar",
+    "regex": "regex",
+    "lark": "Lark grammar",
+    "tool_calls": "tool parameters schema",
+}
 
 
 def one_line(message: str) -> str:

@@ -1,7 +1,8 @@
 """Models we know by name, and where their files come from.
 
-Models cannot be fetched from a model hub here, so the known ones ship inside packages on the package
-index. `resolve_model` turns a name from this catalog, or any path, into a file path.
+The known models ship inside packages on the package index; others come from a Hugging Face hub as
+`OWNER/REPO[:QUANT]` (llamacy.hub). `resolve_model` turns a name from this catalog, a hub name, or any
+path into a file path.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def resolve_model(model: str | os.PathLike | None) -> Path:
-    """A catalog name or a path to a GGUF file; None means the default model."""
+def resolve_model(model: str | os.PathLike | None, allow_pull: bool | None = None) -> Path:
+    """A catalog name, a path to a GGUF file, or a hub name `OWNER/REPO[:QUANT]`; None means the default
+    model. An existing path wins over a hub name; allow_pull: see llamacy.hub.resolve."""
     name = DEFAULT_MODEL if model is None else os.fspath(model)
     known = KNOWN_MODELS.get(name)
     if known is not None:
@@ -94,7 +96,14 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
         return path
     path = Path(name).expanduser()
     if not path.exists():
-        raise UsageError(f"no such model file: {path} (known names: {', '.join(KNOWN_MODELS)})")
+        from llamacy import hub
+
+        ref = hub.parse_ref(name)
+        if ref is not None:
+            return hub.resolve(ref, allow_pull)
+        raise UsageError(
+            f"no such model file: {path} (known names: {', '.join(KNOWN_MODELS)}, or OWNER/REPO:QUANT from the hub)"
+        )
     if path.is_dir():
         raise UsageError(f"{path} is a directory, not a GGUF model file")
     return path

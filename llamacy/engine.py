@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
+from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
 from llamacy.structured import Constraint, Grammar, request_grammar
@@ -48,12 +48,11 @@ class Llama:
 
         ensure_cpu()
         kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
-        if n_threads is not None and n_threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {n_threads}")
-        if n_ctx is not None and n_ctx < 1:
-            raise UsageError(f"--ctx-size must be at least 1, got {n_ctx}")
-        if n_batch < 1:
-            raise UsageError(f"batch size must be at least 1, got {n_batch}")
+        if n_threads is not None:
+            require_range("--threads", n_threads, 1)
+        if n_ctx is not None:
+            require_range("--ctx-size", n_ctx, 1)
+        require_range("batch size", n_batch, 1)
         self.kv_type = kv_type
         self.n_batch = n_batch
         self.profiling = profile
@@ -263,6 +262,44 @@ class Llama:
             "total_tokens": out.stats.prompt_tokens + out.stats.gen_tokens,
         }
         return result
+
+    # ---- embeddings -----------------------------------------------------------------------------------
+    def embed(
+        self, input: str | list[str] | list[int] | list[list[int]], normalize: bool = True
+    ) -> Embeddings:  # noqa: F821 (llamacy.embedding, imported on first call: loading stays lean)
+        """Embed text(s) or token id list(s): one vector per input, pooled from the final hidden states.
+
+        A string, a list of strings, a list of token ids (one input) or a list of such lists. Strings are
+        tokenized as prompts are (BOS if the model adds one, special tokens parsed). Returns an
+        llamacy.embedding.Embeddings: .vectors (list of n_embd floats each, unit length unless
+        normalize=False), .input_tokens (tokens per input) and .n_tokens (their sum). The embedder has its
+        own scratch and KV cache (made on first use), so the conversation in this Llama's cache is kept.
+        """
+        from llamacy.embedding import Embedder, Embeddings
+
+        if isinstance(input, str):
+            inputs: list = [input]
+        elif isinstance(input, (list, tuple)) and input and all(isinstance(t, int) for t in input):
+            inputs = [list(input)]
+        elif isinstance(input, (list, tuple)):
+            inputs = list(input)
+        else:
+            raise UsageError(f"cannot embed a {type(input).__name__}: give text, texts or token id lists")
+        token_lists = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, str) and x:
+                token_lists.append(self.tokenize(x))
+            elif isinstance(x, (list, tuple)) and all(isinstance(t, int) for t in x):
+                token_lists.append(list(x))  # the embedder refuses an empty one
+            else:
+                what = "an empty string" if x == "" else f"a {type(x).__name__}"
+                raise UsageError(f"input {i} is {what}: give text or a list of token ids")
+        # Made once; setdefault is atomic, so threads racing here all end up with the one that was stored.
+        embedder = vars(self).get("_embedder") or vars(self).setdefault(
+            "_embedder", Embedder(self.gguf, self.config, self.n_ctx, self.n_threads, weights=self.weights)
+        )
+        vectors = embedder.embed(token_lists, normalize=normalize)
+        return Embeddings(vectors=vectors.tolist(), input_tokens=[len(ids) for ids in token_lists])
 
     def create_chat_completion(self, messages: Sequence[dict], **options: Any) -> dict | Iterator[dict]:
         """An OpenAI-shaped chat completion (a dict, or chunks when stream=True) through the model's chat

@@ -296,3 +296,55 @@ def test_logits_close_to_reference_engine(which, request):
     assert np.abs(got - theirs).max() < 0.08 * scale
     decisive = _margin(ref) > 0.25
     assert (got.argmax(1) == theirs.argmax(1))[decisive].all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_weights_bind_as_typed_records(tiny_model, arch):
+    """Each architecture's optional tensors arrive as named fields (None where it has none), and a
+    misspelt field fails loudly instead of binding a NULL pointer."""
+    import dataclasses
+    import types
+
+    from llamacy.gguf import GGUFFile
+    from llamacy.model import Model
+    from llamacy.model.architectures import config_from_metadata
+    from llamacy.model.weights import LayerWeights, Matrix, WeightBinder
+
+    gguf = GGUFFile(tiny_model(arch, QT.Q8_0))
+    cfg = config_from_metadata(gguf.metadata, arch)
+    weights = WeightBinder(gguf, cfg).bind()
+    layer = weights.layers[0]
+    present = {f.name for f in dataclasses.fields(layer) if getattr(layer, f.name) is not None}
+    optional = {"bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"}
+    expected = {
+        "llama": set(),
+        "qwen2": {"bq", "bk", "bv"},
+        "qwen3": {"q_norm", "k_norm"},
+        "gemma3": {"q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"},
+    }[arch]
+    assert present & optional == expected
+    assert isinstance(layer.wq, Matrix) and layer.wq.cols == cfg.n_embd
+    with pytest.raises(TypeError):
+        dataclasses.replace(layer, post_attention_norm=layer.ffn_norm)  # the GGUF name, not the field's
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layer.bq = layer.ffn_norm
+    # The layer loop reads the config by field name: one it lacks is an error at load, not a zero.
+    Forward = type(Model(gguf, 16, 1, cfg=cfg).forward)
+    partial = types.SimpleNamespace(**{k: v for k, v in vars(cfg).items() if k != "attn_scale"})
+    with pytest.raises(ValueError, match="attn_scale"):
+        Forward(partial, weights, 8, 16, 1)
+    with pytest.raises(ValueError, match="activation"):
+        Forward(dataclasses.replace(cfg, activation="relu"), weights, 8, 16, 1)
+    assert isinstance(LayerWeights.__slots__, tuple)  # no stray attributes either
+
+
+def test_hidden_output_buffer_is_checked(tiny_model):
+    llm = Llama(tiny_model("llama", QT.Q8_0), n_threads=1, n_ctx=16)
+    kv = llm.model.kv
+    args = (np.array([1, 2], np.int32), np.array([0, 1], np.int32), np.zeros(2, np.int32), kv.k, kv.v)
+    rows = np.array([1], np.int32)
+    with pytest.raises(ValueError, match="does not match"):  # logits-sized buffer for hidden states
+        llm.model.forward.eval(*args, rows, np.empty((1, llm.n_vocab), np.float32), 1, True)
+    out = np.empty((1, llm.config.n_embd), np.float32)
+    llm.model.forward.eval(*args, rows, out, 1, True)
+    assert np.isfinite(out).all()

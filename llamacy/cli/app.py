@@ -8,10 +8,15 @@ from llamacy.cli import batch as batch_cmd
 from llamacy.cli import bench as bench_cmd
 from llamacy.cli import chat as chat_cmd
 from llamacy.cli import convert as convert_cmd
+from llamacy.cli import embed as embed_cmd
 from llamacy.cli import info as info_cmd
+from llamacy.cli import list_models as list_cmd
 from llamacy.cli import perplexity as perplexity_cmd
+from llamacy.cli import pull as pull_cmd
+from llamacy.cli import rm as rm_cmd
 from llamacy.cli import run as run_cmd
 from llamacy.cli import serve as serve_cmd
+from llamacy.cli import show as show_cmd
 
 app = typer.Typer(
     name="llamacy",
@@ -53,6 +58,11 @@ app.command("serve", help="Serve the model over HTTP: OpenAI-compatible API and 
 app.command(
     "convert", help="Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type."
 )(convert_cmd.convert)
+app.command("embed", help=embed_cmd.HELP)(embed_cmd.embed)
 app.command("batch", help="Run prompts from a file into a JSONL file; rerun to resume after a crash.")(
     batch_cmd.batch
 )
+app.command("pull", help="Download a GGUF model from a Hugging Face hub: OWNER/REPO[:QUANT].")(pull_cmd.pull)
+app.command("list", help="The models at hand: pulled ones and installed packages.")(list_cmd.list_models)
+app.command("rm", help="Delete a pulled model.")(rm_cmd.rm)
+app.command("show", help="Where a model came from and what it is (what info prints).")(show_cmd.show)

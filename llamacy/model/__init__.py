@@ -11,6 +11,7 @@ from llamacy.errors import UnsupportedModelError
 from llamacy.model.architectures import ARCHITECTURES, config_from_metadata
 from llamacy.model.config import ModelConfig
 from llamacy.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache
+from llamacy.model.weights import ModelWeights
 
 __all__ = [
     "ARCHITECTURES",
@@ -42,30 +43,33 @@ class Model:
         ubatch: int = 256,
         cfg: ModelConfig | None = None,
         kv_type: str = DEFAULT_KV_TYPE,
-        weights: tuple[dict, list[dict]] | None = None,
+        weights: ModelWeights | None = None,
     ) -> None:
-        """weights: the tensors as WeightBinder.bind() returns them, when the caller has bound them
+        """weights: the file's tensors as WeightBinder.bind() returns them, when the caller has bound them
         already (one binding serves every Model over the same file); bound here otherwise."""
         from llamacy.kernels import ensure_cpu
 
         ensure_cpu()
         from llamacy.kernels.parallel import ensure_threads
         from llamacy.model.forward import Forward
-        from llamacy.model.weights import WeightBinder, hparams_for_forward
+        from llamacy.model.weights import WeightBinder
 
         self.cfg = cfg or config_from_metadata(gguf.metadata, str(gguf.path))
         n_threads = min(n_threads, ensure_threads(n_threads))
         self.n_ctx = n_ctx
         self.n_threads = n_threads
-        glob, layers = weights or WeightBinder(gguf, self.cfg).bind()
-        self.forward = Forward(hparams_for_forward(self.cfg), glob, layers, ubatch, n_ctx, max(n_threads, 1))
+        if weights is None:
+            weights = WeightBinder(gguf, self.cfg).bind()
+        self.forward = Forward(self.cfg, weights, ubatch, n_ctx, n_threads)
         self.kv = KVCache(self.cfg, n_ctx, n_seq, kv_type)
         self._gguf = gguf  # the weights point into its mapping
 
-    def eval(
-        self, tokens: list[int], seq: int = 0, logits: str = "last", positions: list[int] | None = None
-    ) -> np.ndarray:
-        """Append tokens to sequence `seq`; return logits of the last token ([n_vocab]) or of all ([n, n_vocab])."""
+    def eval(self, tokens: list[int], seq: int = 0, logits: str = "last", hidden: bool = False) -> np.ndarray:
+        """Append tokens to sequence `seq`; return logits of the last token ([n_vocab]) or of all ([n, n_vocab]).
+
+        hidden: the final hidden states (after output_norm, before the output head) instead of logits,
+        [n_embd] or [n, n_embd]; the output head is skipped.
+        """
         n = len(tokens)
         start = self.kv.length(seq)
         if start + n > self.n_ctx:
@@ -76,17 +80,19 @@ class Model:
         pos = np.arange(start, start + n, dtype=np.int32)
         seqs = np.full(n, seq, dtype=np.int32)
         rows = np.arange(n, dtype=np.int32) if logits == "all" else np.array([n - 1] if n else [], np.int32)
-        out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
-        self.forward.eval(tok, pos, seqs, self.kv.k, self.kv.v, rows, out, self.n_threads)
+        out = self.eval_batch(tok, pos, seqs, rows, hidden)
         self.kv.append(seq, tokens)
         return out if logits == "all" else out[0]
 
     def eval_batch(
-        self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray
+        self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray, hidden: bool = False
     ) -> np.ndarray:
         """Raw batched evaluation (many sequences at once); the caller records what it evaluated with
-        kv.append."""
-        out = np.empty((len(rows), self.cfg.n_vocab), dtype=np.float32)
+        kv.append.
+
+        Returns logits [len(rows), n_vocab], or with hidden=True the final hidden states [len(rows), n_embd].
+        """
+        out = np.empty((len(rows), self.cfg.n_embd if hidden else self.cfg.n_vocab), dtype=np.float32)
         self.forward.eval(
             tokens.astype(np.int32, copy=False),
             pos.astype(np.int32, copy=False),
@@ -96,5 +102,6 @@ class Model:
             rows.astype(np.int32, copy=False),
             out,
             self.n_threads,
+            hidden,
         )
         return out

@@ -28,8 +28,8 @@ class ModelLoader:
         from llamacy.engine import Llama
         from llamacy.scheduler import Scheduler
 
-        # The Llama's own Model (one sequence) stays small: the scheduler builds the batched one.
-        llm = Llama(spec.source, n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=64, kv_type=self.kv_type)
+        # The weights are bound once, by the Llama; the scheduler's batched Model is the only one built.
+        llm = Llama(spec.source, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
         template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=self.chat_template)
         scheduler = Scheduler(llm, n_parallel=self.n_parallel, n_ctx=llm.n_ctx, queue_size=self.queue_size)
         return ServedModel(spec.name, scheduler.start(), template)

@@ -268,6 +268,20 @@ def reference_logits(path: str | Path, tokens: list[int], kv_type: str = "f32") 
     kv_type "f16": K and V (after RoPE) are rounded to IEEE half, as a half-precision KV cache stores
     them; everything else stays float64."""
     m = load(path)
+    logits = _head(m, _final_hidden(m, tokens, kv_type))
+    c = m.config
+    if c.final_logit_softcap > 0:
+        logits = c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap)
+    return logits.astype(np.float32)
+
+
+def reference_hidden(path: str | Path, tokens: list[int], kv_type: str = "f32") -> np.ndarray:
+    """The final hidden states [len(tokens), n_embd] (after output_norm, before the output head), float64:
+    what an embedding is pooled from."""
+    return _final_hidden(load(path), tokens, kv_type)
+
+
+def _final_hidden(m: RefModel, tokens: list[int], kv_type: str) -> np.ndarray:
     c = m.config
     if not tokens:
         raise ValueError("no tokens")
@@ -324,11 +338,7 @@ def reference_logits(path: str | Path, tokens: list[int], kv_type: str = "f32") 
             f = rms_norm(f, w("post_ffw_norm.weight"), c.rms_eps)
         x = x + f
 
-    x = rms_norm(x, m.weight("output_norm.weight"), c.rms_eps)
-    logits = _head(m, x)
-    if c.final_logit_softcap > 0:
-        logits = c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap)
-    return logits.astype(np.float32)
+    return rms_norm(x, m.weight("output_norm.weight"), c.rms_eps)
 
 
 def _head(m: RefModel, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,14 @@
+from llamacy.model.layout cimport LayerT, WeightT
+
+
+cdef class BoundWeights:
+    cdef LayerT* layers
+    cdef Py_ssize_t n_layer
+    cdef WeightT tok_embd
+    cdef WeightT output
+    cdef const float* output_norm
+    cdef const float* rope_freqs     # NULL when the model has none
+    cdef list _keep                  # the Python objects whose buffers the pointers above point into
+
+    cdef WeightT _matrix(self, object m) except *
+    cdef const float* _vector(self, object v) except? NULL

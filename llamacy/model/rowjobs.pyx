@@ -1,0 +1,107 @@
+# cython: language_level=3
+"""The per-token work between the matrix products (norms, RoPE, residuals, activation quantization) as one
+job type on the thread team: rows are independent, so a prompt's tokens split over the threads like the
+matmul rows do. (A single decoded token runs inline: parallel_for does not split one item.)
+"""
+
+from libc.stdint cimport int64_t, uint8_t
+
+from llamacy.kernels.ops cimport add_inplace, gelu_mul, rmsnorm, rmsnorm_heads, rope, silu_mul, store_kv_row
+from llamacy.kernels.parallel cimport parallel_for
+from llamacy.kernels.quant cimport act_row_bytes, quantize_act_row
+from llamacy.model.layout cimport ACT_GELU, HParams, KVRows, LayerT, Scratch, WeightT, kv_offset
+
+# Tokens per claim: about four claims per thread, at least ROW_MIN_TOKENS tokens each, so that a few
+# decoded tokens (a server step) stay on one thread unless splitting them pays for the hand-off.
+cdef enum:
+    ROW_MIN_TOKENS = 4
+
+
+cdef void _qkv_row(const RowJob* j, Py_ssize_t t) noexcept nogil:
+    cdef const HParams* hp = j.hp
+    cdef const LayerT* L = j.L
+    cdef const KVRows* kv = j.kv
+    cdef Py_ssize_t HD = hp.head_dim, QW = hp.n_head * HD, KVW = hp.n_head_kv * HD, h, off
+    cdef float* q = j.s.q + t * QW
+    cdef float* k = j.s.k + t * KVW
+    cdef float* v = j.s.v + t * KVW
+    cdef const float* cs = j.s.cs + t * hp.n_rot
+    if L.bq != NULL:
+        add_inplace(q, L.bq, QW)
+        add_inplace(k, L.bk, KVW)
+        add_inplace(v, L.bv, KVW)
+    if L.q_norm != NULL:
+        rmsnorm_heads(q, L.q_norm, hp.n_head, HD, hp.rms_eps)
+        rmsnorm_heads(k, L.k_norm, hp.n_head_kv, HD, hp.rms_eps)
+    rope(q, hp.n_head, HD, hp.n_rot, cs, hp.rope_mode)
+    rope(k, hp.n_head_kv, HD, hp.n_rot, cs, hp.rope_mode)
+    # Tokens of a batch write distinct rows (their own position of their own sequence).
+    for h in range(hp.n_head_kv):
+        off = kv_offset(kv, t, h, kv.pos[t])
+        store_kv_row(kv.kl + off, k + h * HD, HD, kv.f16)
+        store_kv_row(kv.vl + off, v + h * HD, HD, kv.f16)
+
+
+cdef void _rows_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef RowJob* j = <RowJob*> ctx
+    cdef Py_ssize_t t, D = j.dim
+    cdef float eps = j.hp.rms_eps
+    for t in range(begin, end):
+        if j.kind == ROW_NORM:
+            rmsnorm(j.src + t * D, j.w, j.dst + t * D, D, eps)
+        elif j.kind == ROW_QUANT:
+            quantize_act_row(j.wtype, j.src + t * j.ld_src, j.aq + t * j.rb, D)
+        elif j.kind == ROW_ACT:
+            if j.hp.act == ACT_GELU:
+                gelu_mul(j.dst + t * D, j.src + t * D, D)
+            else:
+                silu_mul(j.dst + t * D, j.src + t * D, D)
+        elif j.kind == ROW_RESID:
+            if j.w != NULL:
+                rmsnorm(j.src + t * D, j.w, <float*>(j.src + t * D), D, eps)
+            add_inplace(j.dst + t * D, j.src + t * D, D)
+            if j.w2 != NULL:
+                rmsnorm(j.dst + t * D, j.w2, j.xn + t * D, D, eps)
+        else:
+            _qkv_row(j, t)
+
+
+cdef inline void _run(RowJob* job, int kind, const float* src, float* dst, const float* w, Py_ssize_t dim,
+                      Py_ssize_t n, int nthreads) noexcept nogil:
+    job.kind = kind
+    job.src = src
+    job.dst = dst
+    job.w = w
+    job.dim = dim
+    parallel_for(_rows_task, job, n, max(<Py_ssize_t>ROW_MIN_TOKENS, n // (4 * nthreads)), nthreads)
+
+
+cdef void norm_rows(RowJob* job, const float* x, const float* w, float* out, Py_ssize_t dim,
+                    Py_ssize_t n, int nthreads) noexcept nogil:
+    _run(job, ROW_NORM, x, out, w, dim, n, nthreads)
+
+
+cdef void quant_rows(RowJob* job, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq,
+                     Py_ssize_t n, int nthreads) noexcept nogil:
+    job.wtype = w.type
+    job.ld_src = ldx
+    job.aq = aq
+    job.rb = act_row_bytes(w.type, w.cols)
+    _run(job, ROW_QUANT, x, NULL, NULL, w.cols, n, nthreads)
+
+
+cdef void act_rows(RowJob* job, float* gate, const float* up, Py_ssize_t dim, Py_ssize_t n,
+                   int nthreads) noexcept nogil:
+    _run(job, ROW_ACT, up, gate, NULL, dim, n, nthreads)
+
+
+cdef void residual_rows(RowJob* job, float* x, float* o, const float* post_norm, const float* next_norm,
+                        float* xn, Py_ssize_t dim, Py_ssize_t n, int nthreads) noexcept nogil:
+    job.w2 = next_norm
+    job.xn = xn
+    _run(job, ROW_RESID, o, x, post_norm, dim, n, nthreads)
+
+
+cdef void qkv_rows(RowJob* job, const LayerT* L, Py_ssize_t n, int nthreads) noexcept nogil:
+    job.L = L
+    _run(job, ROW_QKV, NULL, NULL, NULL, 0, n, nthreads)

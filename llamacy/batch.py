@@ -21,7 +21,7 @@ from llamacy.sampling import SamplingParams
 
 # Per-item fields a JSONL prompt may carry, besides id and prompt.
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
-ITEM_FIELDS = SAMPLING_FIELDS | {"max_tokens", "stop"}
+ITEM_FIELDS = SAMPLING_FIELDS | {"max_tokens", "stop", "response_format"}
 
 
 @dataclass
@@ -283,6 +283,7 @@ def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
 def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str], list[int]]) -> Any:
     from llamacy.generation import sampling_params
     from llamacy.scheduler import GenerationRequest
+    from llamacy.structured import Constraint, response_format_grammar
 
     if it.error is not None:
         raise UsageError(it.error)
@@ -297,6 +298,8 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise UsageError("stop must be a string or a list of strings")
+    # OpenAI's response_format ({"type": "json_object"} or "json_schema"): this item's output is that JSON.
+    grammar = response_format_grammar(opts.pop("response_format", None))
     try:
         params = sampling_params(opts)
     except (TypeError, ValueError) as e:
@@ -308,4 +311,5 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         max_tokens=None if max_tokens == -1 else max_tokens,
         stop=stop,
         id=str(it.id),
+        constraint=None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab),
     )

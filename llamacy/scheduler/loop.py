@@ -223,7 +223,14 @@ class Scheduler:
             frozenset() if req.ignore_eos else req.stop_ids if req.stop_ids is not None else self.eog_ids
         )
         state = SequenceState(
-            prompt, sampler, self.tokenizer, req.stop, stop_ids, req.max_tokens, req.logprobs
+            prompt,
+            sampler,
+            self.tokenizer,
+            req.stop,
+            stop_ids,
+            req.max_tokens,
+            req.logprobs,
+            constraint=req.constraint,
         )
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep
@@ -258,12 +265,13 @@ class Scheduler:
         n_generated = 0
         for row, s in enumerate(plan.owners):
             try:
-                step = advance(s, logits[row], context_full=kv.length(s.slot) >= self.n_ctx)
+                room = self.n_ctx - kv.length(s.slot)
+                step = advance(s, logits[row], context_full=room <= 0, room=room)
             except Exception as e:  # e.g. NaN logits: this sequence only
                 log.exception("sampling failed for request %s", s.handle.id)
                 self._fail(s, f"sampling failed: {e}")
                 continue
-            n_generated += step.token is not None
+            n_generated += 0 if step.token is None else 1 + len(step.forced)
             if step.finish_reason is not None:
                 self._finish(s, step.finish_reason)
         self.generated_tokens_total += n_generated

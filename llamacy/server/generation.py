@@ -19,6 +19,7 @@ from llamacy.server.mailbox import EventBridge
 from llamacy.server.mailbox import LoopMailbox as LoopMailbox  # re-exported: tests/test_scheduler.py uses it
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import SamplingFields
+from llamacy.structured import StructuredRequest
 
 _SAMPLING_FIELDS = (
     "temperature",
@@ -75,7 +76,9 @@ async def encode_text(served: ServedModel, text: str) -> list[int]:
     return await run_in_threadpool(text_ids, served.tokenizer, text)
 
 
-async def encode_chat(served: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+async def encode_chat(
+    served: ServedModel, messages: list[dict[str, Any]], structured: StructuredRequest | None = None
+) -> list[int]:
     tpl = served.template
     if tpl is None:
         raise APIError(
@@ -85,6 +88,8 @@ async def encode_chat(served: ServedModel, messages: list[dict[str, Any]]) -> li
         )
 
     def render() -> list[int]:
+        if structured is not None:  # tools offered, earlier calls and their results
+            return tpl.encode(structured.render(tpl, messages, add_generation_prompt=True))
         return tpl.encode(tpl.render(messages, add_generation_prompt=True))
 
     try:

@@ -12,7 +12,7 @@ STAMP := build/.installed
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
-	$(PIP) install -q -e '.[test,dev]'
+	$(PIP) install -q -e '.[test,dev,ray]'
 	@mkdir -p build && touch $@
 
 # The default model: SmolLM2-135M-Instruct Q4_1, shipped inside a PyPI package (Apache-2.0).

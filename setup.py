@@ -9,7 +9,6 @@ Environment switches:
 from __future__ import annotations
 
 import os
-import sys
 from glob import glob
 
 from Cython.Build import cythonize
@@ -31,6 +30,11 @@ FAST_MATH = {"llamacy.kernels.ops"}
 # Their float arithmetic is spelled out with intrinsics; -ffp-contract=off keeps the compiler from fusing a
 # product into a following add, which would break bit-equality with the AVX2 kernels.
 AVX512 = {"llamacy.kernels.matmul512"}
+# The weight quantizers port ggml's reference code, which rounds each product before adding: no fused
+# multiply-adds (GCC contracts a*b+c into an FMA by default, which changes roundings and so blocks).
+NO_CONTRACT = {"llamacy.kernels.qsearch", "llamacy.kernels.quantize_rows"}
+# Only the whole-tensor quantizer runs OpenMP loops (prange); the rest use the thread team (threadpool.h).
+OPENMP = {"llamacy.kernels.quantize"}
 AVX512_FLAGS = [
     "-mavx512f",
     "-mavx512bw",
@@ -41,12 +45,16 @@ AVX512_FLAGS = [
 ]
 
 
-def compile_args(simd: bool, fast_math: bool = False) -> list[str]:
+def compile_args(name: str) -> list[str]:
     args = ["-O1", "-g"] if DEBUG else ["-O3"]
-    if fast_math:
+    if name in FAST_MATH:
         args += ["-ffast-math"]
-    args += ["-fopenmp", "-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
-    if simd and not PORTABLE:
+    if name in OPENMP:
+        args += ["-fopenmp"]
+    if name in NO_CONTRACT:
+        args += ["-ffp-contract=off"]
+    args += ["-fno-math-errno", "-Wno-unused-function", "-Wno-unreachable-code"]
+    if name not in NO_SIMD and not PORTABLE:
         args += ["-mavx2", "-mfma", "-mf16c"]
         if NATIVE:
             args += ["-march=native"]
@@ -67,9 +75,9 @@ def extensions() -> list[Extension]:
                 [path],
                 include_dirs=["llamacy/kernels"],
                 depends=sorted(glob("llamacy/kernels/*.h")),  # recompile when a C header changes
-                extra_compile_args=compile_args(name not in NO_SIMD, name in FAST_MATH)
-                + (AVX512_FLAGS if name in AVX512 else []),
-                extra_link_args=["-fopenmp"] + (["-lmvec", "-lm"] if name in FAST_MATH else []),
+                extra_compile_args=compile_args(name) + (AVX512_FLAGS if name in AVX512 else []),
+                extra_link_args=(["-fopenmp"] if name in OPENMP else [])
+                + (["-lmvec", "-lm"] if name in FAST_MATH else []),
                 define_macros=[
                     ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                     # Tells every module (cpu.pyx too, which is built without SIMD flags) which build this is.
@@ -95,6 +103,6 @@ setup(
         compiler_directives=directives,
         compile_time_env={"PORTABLE": PORTABLE},
         nthreads=int(os.environ.get("LLAMACY_BUILD_JOBS", "0")) or None,
-        quiet="-q" in sys.argv or True,
+        quiet=True,
     ),
 )

@@ -1,11 +1,15 @@
 """Two builds of llamacy side by side: the same `llamacy bench` tests, alternating A and B, medians.
 
     python3 benchmarks/bench_ab.py --a /path/to/old/checkout --b . --rounds 5
+    python3 benchmarks/bench_ab.py --ref-bench /path/to/llama-bench --b . --rounds 5   # A = native reference
 
 Each tree must hold built extensions (`make build` there, or copied .so files). Every round runs A then B
 (B then A on odd rounds, so that a machine warming up or slowing down hits both alike), each in a fresh
 process with PYTHONPATH pointing at its tree. On a small, noisy machine only a ratio measured this way means
 anything: a refactor that claims "speed unchanged" shows B/A near 1.00 across rounds.
+
+With --ref-bench (or $LLAMACY_REF_BENCH and no --a), A is the native reference engine instead: its
+llama-bench (benchmarks/build_reference.sh) on the same model file, tests and threads, labelled with its commit.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference import find_bench, run_bench
 
-def run_bench(tree: Path, model: str, p: str, n: str, threads: str, reps: int) -> dict[tuple, float]:
+
+def run_tree(tree: Path, model: str, p: str, n: str, threads: str, reps: int) -> dict[tuple, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-m", "llamacy", "bench", "-m", model, "-p", p, "-n", n, "-t", threads]
     cmd += ["-r", str(reps), "-o", "json"]
@@ -27,9 +34,30 @@ def run_bench(tree: Path, model: str, p: str, n: str, threads: str, reps: int) -
     return {(r["n_threads"], r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in json.loads(out)}
 
 
+def model_path(model: str) -> Path:
+    from llamacy.catalog import resolve_model
+
+    return resolve_model(model)
+
+
+def run_native(binary: Path, model: str, p: str, n: str, threads: str, reps: int) -> dict[tuple, float]:
+    """The reference's llama-bench on the same tests, one llama-bench process per test."""
+    path = model_path(model)
+    out = {}
+    for t in [int(x) for x in threads.split(",") if x]:
+        for pp in [int(x) for x in p.split(",") if x and int(x)]:
+            out[(t, pp, 0)] = run_bench(binary, path, pp, 0, t, reps).avg_ts
+        for g in [int(x) for x in n.split(",") if x and int(x)]:
+            out[(t, 0, g)] = run_bench(binary, path, 0, g, t, reps).avg_ts
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", type=Path, required=True, help="baseline tree (the 'before')")
+    ap.add_argument("--a", type=Path, help="baseline tree (the 'before')")
+    ap.add_argument(
+        "--ref-bench", help="A = the native reference's llama-bench (default: $LLAMACY_REF_BENCH)"
+    )
     ap.add_argument("--b", type=Path, default=Path("."), help="tree under test (the 'after')")
     ap.add_argument("-m", "--models", default="smollm2-135m,gemma3-270m")
     ap.add_argument("-p", default="512")
@@ -38,9 +66,18 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=2, help="repetitions inside each bench process")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    a, b = args.a.resolve(), args.b.resolve()
+    native = find_bench(args.ref_bench) if args.a is None else None
+    if args.a is None and native is None:
+        ap.error("give --a TREE, or --ref-bench (or $LLAMACY_REF_BENCH) for the native reference")
+    sys.path.insert(0, str(args.b.resolve()))  # resolve_model of the tree under test
+    a = args.a.resolve() if args.a is not None else None
+    b = args.b.resolve()
 
-    print(f"A = {a}\nB = {b}\n")
+    if native is not None:
+        commit = run_bench(native, model_path(args.models.split(",")[0]), 1, 0, 1, 1).commit
+        print(f"A = native reference {native} (llama.cpp {commit})\nB = {b}\n")
+    else:
+        print(f"A = {a}\nB = {b}\n")
     print("| model | threads | test | A t/s (median) | B t/s (median) | B/A per round | B/A median |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
     for model in [m for m in args.models.split(",") if m]:
@@ -48,8 +85,11 @@ def main() -> None:
         for rnd in range(args.rounds):
             order = ("a", "b") if rnd % 2 == 0 else ("b", "a")
             for side in order:
-                tree = a if side == "a" else b
-                for key, ts in run_bench(tree, model, args.p, args.n, args.t, args.r).items():
+                if side == "a" and native is not None:
+                    got = run_native(native, model, args.p, args.n, args.t, args.r)
+                else:
+                    got = run_tree(a if side == "a" else b, model, args.p, args.n, args.t, args.r)
+                for key, ts in got.items():
                     samples[side].setdefault(key, []).append(ts)
         for key in sorted(samples["a"]):
             t, p, n = key

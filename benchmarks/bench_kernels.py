@@ -25,7 +25,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-from llamacy.kernels import matmul, quant
+from llamacy.kernels import matmul, quant, testing
 
 SHAPES = [(1536, 576), (576, 1536), (49152, 576), (640, 2048)]
 
@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in ntoks:
                 x = rng.standard_normal((n, cols)).astype(np.float32)
                 for th in threads:
-                    s = matmul.bench_matmul(W, int(t), x, nthreads=th, impl=args.impl, min_time=args.min_time)
+                    s = testing.bench_matmul(
+                        W, int(t), x, nthreads=th, impl=args.impl, min_time=args.min_time
+                    )
                     print(
                         f"{t.name:6} {rows:>5} x {cols:<5} {n:>5} {th:>3} {s * 1e6:>10.1f} "
                         f"{W.nbytes / s / 1e9:>7.2f} {2 * rows * cols * n / s / 1e9:>8.1f}",

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_kernels import make_weights  # noqa: E402
 
-from llamacy.kernels import cpu, matmul  # noqa: E402
+from llamacy.kernels import cpu, matmul, testing  # noqa: E402
 
 # (type, rows, cols): SmolLM2-135M's ffn down (Q4_1) and Gemma-3-270M's ffn down (Q4_K).
 DEFAULT_CASES = [("Q4_1", 576, 1536), ("Q4_K", 640, 2048)]
@@ -56,7 +56,7 @@ def kernels(cases, ntoks, threads: int, rounds: int, min_time: float) -> None:
             for _ in range(rounds):
                 for impl in times:
                     times[impl].append(
-                        matmul.bench_matmul(W, int(t), x, nthreads=threads, impl=impl, min_time=min_time)
+                        testing.bench_matmul(W, int(t), x, nthreads=threads, impl=impl, min_time=min_time)
                     )
             a, v = (statistics.median(times[k]) for k in ("simd", "vnni"))
             # the ratio of each round's back-to-back pair, then the median: what noise leaves alone best

@@ -1,9 +1,12 @@
 """`make bench`: llamacy's pp/tg figures on the installed models, beside the reference engine's when present.
 
-Runs `llamacy bench` on the default model (and Gemma 3 270M when installed); when `llama_cpp`
-(llama-cpp-python, `make bench-peer`) is importable, runs the same tests through it in the same process
-run, alternating engines per test so that machine noise hits both alike, and prints our/its ratio.
-Writes the tables between the markers in BENCHMARKS.md.
+Runs `llamacy bench` on the default model (and Gemma 3 270M when installed). Two peers, each optional:
+  - the native reference engine: a llama-bench binary (--ref-bench PATH or $LLAMACY_REF_BENCH; built by
+    benchmarks/build_reference.sh from a pinned commit, -DGGML_NATIVE=ON), labelled with its commit;
+  - llama-cpp-python (`make bench-peer`), the reference engine through its Python binding: every token
+    costs Python calls there, so it is labelled as the binding and is not the reference's speed.
+Each test runs on every engine in turn, the order alternating from test to test so that machine noise
+hits all alike, and the tables give our/its ratio. Writes the tables between the markers in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from reference import find_bench, run_bench  # noqa: E402
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -59,12 +64,21 @@ def peer_run(path: str, n_prompt: int, n_gen: int, threads: int, reps: int) -> l
     return [once() for _ in range(reps)]
 
 
+def ratio_table(title: str, peer: str, rows: list[tuple]) -> list[str]:
+    out = [title, "", f"| model | threads | test | llamacy t/s | {peer} t/s | ratio |"]
+    out.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+    out += [f"| {m} | {t} | {label} | {a:.2f} | {b:.2f} | {a / b:.2f} |" for m, t, label, a, b in rows]
+    return [*out, ""]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-p", default="128,512")
     ap.add_argument("-n", default="64,128")
     ap.add_argument("-t", default="1,2")
     ap.add_argument("-r", type=int, default=5)
+    ap.add_argument("--ref-bench", help="the native reference's llama-bench (default: $LLAMACY_REF_BENCH)")
+    ap.add_argument("--no-binding", action="store_true", help="skip llama-cpp-python even if installed")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = ap.parse_args()
 
@@ -72,62 +86,87 @@ def main() -> None:
     from llamacy.catalog import KNOWN_MODELS
     from llamacy.engine import Llama
 
-    try:
-        import llama_cpp  # noqa: F401
+    ref_bench = find_bench(args.ref_bench)
+    have_binding = False
+    if not args.no_binding:
+        try:
+            import llama_cpp  # noqa: F401
 
-        have_peer = True
-    except ImportError:
-        have_peer = False
+            have_binding = True
+        except ImportError:
+            pass
 
     prompts = [int(x) for x in args.p.split(",") if x]
     gens = [int(x) for x in args.n.split(",") if x]
     threads = [int(x) for x in args.t.split(",") if x]
     lines = [f"Machine: {machine()}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
+    ref_opt = " --ref-bench LLAMA_BENCH" if ref_bench else ""
     lines.append(
         f"Command: `make bench` (= `python benchmarks/run_all.py -p {args.p} -n {args.n} -t {args.t} "
-        f"-r {args.r}`); t/s is mean ± stddev of {args.r} runs after a warm-up."
+        f"-r {args.r}{ref_opt}`); t/s is mean ± stddev of {args.r} runs after a warm-up."
     )
     lines.append("")
+    commit = None
+    n_test = 0
     for name, known in KNOWN_MODELS.items():
         path = known.locate()
         if path is None:
             print(f"skipping {name}: not installed", file=sys.stderr)
             continue
         llm = Llama(path, n_ctx=max(prompts + gens) + 8, n_threads=max(threads), n_batch=max(prompts))
-        ours, rows = [], []
+        ours, native_rows, binding_rows = [], [], []
+        model = llm.model  # built for max(threads) before the count drops (see llamacy/cli/bench.py)
         for t in threads:
-            llm.n_threads = llm.model.n_threads = t
-            tests = [(p, 0) for p in prompts] + [(0, g) for g in gens]
-            for p, g in tests:
-                r = run_test(llm, p, g, args.r)
-                ours.append(r)
+            llm.n_threads = model.n_threads = t
+            for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
                 label = f"pp{p}" if p else f"tg{g}"
-                if have_peer:
-                    peer = peer_run(str(path), p, g, t, args.r)
-                    ratio = r.avg_ts / statistics.mean(peer)
-                    rows.append((name, t, label, r.avg_ts, statistics.mean(peer), ratio))
-                    print(
-                        f"{name} t={t} {label}: llamacy {r.avg_ts:.1f} t/s, llama.cpp {statistics.mean(peer):.1f}"
-                        f" t/s, ratio {ratio:.2f}",
-                        file=sys.stderr,
-                    )
-                else:
-                    print(f"{name} t={t} {label}: llamacy {r.avg_ts:.1f} t/s", file=sys.stderr)
-        lines.append(f"### {name}")
-        lines.append("")
-        lines.append(markdown(ours))
-        lines.append("")
-        if rows:
-            lines.append("Side by side with llama-cpp-python in the same run (our t/s ÷ its t/s):")
-            lines.append("")
-            lines.append("| model | threads | test | llamacy t/s | llama.cpp t/s | ratio |")
-            lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
-            for m, t, label, a, b, ratio in rows:
-                lines.append(f"| {m} | {t} | {label} | {a:.2f} | {b:.2f} | {ratio:.2f} |")
-            lines.append("")
+                engines = (
+                    ["llamacy"] + (["native"] if ref_bench else []) + (["binding"] if have_binding else [])
+                )
+                if n_test % 2:
+                    engines.reverse()  # alternate who goes first
+                n_test += 1
+                got: dict[str, float] = {}
+                for engine in engines:
+                    if engine == "llamacy":
+                        r = run_test(llm, p, g, args.r)
+                        ours.append(r)
+                        got[engine] = r.avg_ts
+                    elif engine == "native":
+                        ref = run_bench(ref_bench, path, p, g, t, args.r)
+                        commit = ref.commit
+                        got[engine] = ref.avg_ts
+                    else:
+                        got[engine] = statistics.mean(peer_run(str(path), p, g, t, args.r))
+                if "native" in got:
+                    native_rows.append((name, t, label, got["llamacy"], got["native"]))
+                if "binding" in got:
+                    binding_rows.append((name, t, label, got["llamacy"], got["binding"]))
+                print(
+                    f"{name} t={t} {label}: " + ", ".join(f"{k} {v:.1f} t/s" for k, v in got.items()),
+                    file=sys.stderr,
+                )
+        lines += [f"### {name}", "", markdown(ours), ""]
+        if native_rows:
+            lines += ratio_table(
+                f"Side by side with the native reference engine (llama.cpp {commit}, llama-bench, "
+                "-DGGML_NATIVE=ON) in the same run (our t/s ÷ its t/s):",
+                f"llama.cpp {commit}",
+                native_rows,
+            )
+        if binding_rows:
+            lines += ratio_table(
+                "Side by side with llama-cpp-python (the reference through its Python binding, a slower "
+                "thing than the native engine) in the same run:",
+                "llama-cpp-python",
+                binding_rows,
+            )
         del llm
-    if not have_peer:
-        lines.append("(llama-cpp-python not installed: `make bench-peer` adds the side-by-side ratios.)")
+    if not ref_bench:
+        lines.append(
+            "(No native reference: benchmarks/build_reference.sh builds one; then "
+            "`LLAMACY_REF_BENCH=.../llama-bench make bench`.)"
+        )
     text = "\n".join(lines)
     print(text)
     if args.no_write:

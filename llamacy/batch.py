@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,7 +21,7 @@ from llamacy.sampling import SamplingParams
 
 # Per-item fields a JSONL prompt may carry, besides id and prompt.
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
-ITEM_FIELDS = SAMPLING_FIELDS | {"max_tokens", "stop"}
+ITEM_FIELDS = SAMPLING_FIELDS | {"max_tokens", "stop", "response_format"}
 
 
 @dataclass
@@ -144,6 +144,44 @@ class BatchSummary:
     steps: int = 0  # batched model steps taken (fewer than tokens generated when prompts shared steps)
     tokens: int = 0  # tokens generated
 
+    def count(self, result: dict[str, Any]) -> None:
+        if "error" in result:
+            self.errors += 1
+        else:
+            self.done += 1
+            self.tokens += result["completion_tokens"]
+
+
+@dataclass(frozen=True)
+class BatchModel:
+    """The model a batch runs and how prompts reach it (`llamacy batch`'s options). Plain values, so that
+    a Ray worker can load the same thing (llamacy/distributed/ray_batch.py)."""
+
+    model: str | None = None  # a GGUF path or a known name; None: the default model
+    n_ctx: int | None = None
+    n_threads: int | None = None
+    kv_type: str = "f16"
+    chat: bool = False  # each prompt a user turn through the model's chat template
+    system: str | None = None  # with chat: a system prompt for every item
+
+    def load(self) -> tuple[Any, Callable[[str], list[int]] | None, list[str]]:
+        """(the Llama, its prompt encoder or None for plain text, stop strings the template adds)."""
+        from llamacy.engine import Llama
+
+        llm = Llama(self.model, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
+        if not self.chat:
+            return llm, None, []
+        from llamacy.chat_template import ChatTemplate
+
+        template = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+        sys_msgs = [{"role": "system", "content": self.system}] if self.system else []
+
+        def encode(text: str) -> list[int]:
+            messages = [*sys_msgs, {"role": "user", "content": text}]
+            return template.encode(template.render(messages, add_generation_prompt=True))
+
+        return llm, encode, list(template.stop_strings or [])
+
 
 def run_batch(
     llm: Any,
@@ -158,30 +196,41 @@ def run_batch(
     """Run the items not yet in `results` through a Scheduler; append each result as it finishes.
 
     encode: prompt text -> token ids (e.g. through a chat template); default: the model's tokenizer."""
-    from llamacy.scheduler import Done, Scheduler
-
     summary = BatchSummary(total=len(items))
     finished = done_ids(results)
     todo = [it for it in items if _key(it.id) not in finished]
     summary.skipped = len(items) - len(todo)
     writer = ResultWriter(results)
+    try:
+        for result in iter_results(llm, todo, defaults, n_parallel, n_ctx, encode, summary):
+            writer.write(result)
+            summary.count(result)
+            if on_result is not None:
+                on_result(result)
+    finally:
+        writer.close()
+    return summary
 
-    def emit(obj: dict[str, Any]) -> None:
-        writer.write(obj)
-        if "error" in obj:
-            summary.errors += 1
-        else:
-            summary.done += 1
-            summary.tokens += obj["completion_tokens"]
-        if on_result is not None:
-            on_result(obj)
+
+def iter_results(
+    llm: Any,
+    items: list[Item],
+    defaults: dict[str, Any],
+    n_parallel: int = 4,
+    n_ctx: int | None = None,
+    encode: Callable[[str], list[int]] | None = None,
+    summary: BatchSummary | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Each item's result line, as it finishes (an item that cannot run: at once), through a Scheduler
+    that decodes n_parallel prompts together. `summary`, if given, gets the count of model steps."""
+    from llamacy.scheduler import Done, Scheduler
 
     sched = Scheduler(llm, n_parallel=n_parallel, n_ctx=n_ctx, queue_size=max(1, 2 * n_parallel))
     finals: queue.SimpleQueue[tuple[Item, Any]] = queue.SimpleQueue()
     in_flight = 0
     try:
         sched.start()
-        pending = iter(todo)
+        pending = iter(items)
         exhausted = False
         while True:
             # Keep the slots and a small queue busy; an item that cannot run is answered at once.
@@ -194,7 +243,7 @@ def run_batch(
                     req = _request(llm, it, defaults, encode or llm.tokenize)
                     sched.submit(req, listener=_on_final(finals, it))
                 except LlamacyError as e:
-                    emit({"id": it.id, "prompt": it.prompt, "error": str(e)})
+                    yield {"id": it.id, "prompt": it.prompt, "error": str(e)}
                     continue
                 in_flight += 1
             if in_flight == 0:
@@ -202,25 +251,22 @@ def run_batch(
             it, final = finals.get()
             in_flight -= 1
             if isinstance(final, Done):
-                emit(
-                    {
-                        "id": it.id,
-                        "prompt": it.prompt,
-                        "completion": final.text,
-                        "finish_reason": final.finish_reason,
-                        "prompt_tokens": final.usage.prompt_tokens,
-                        "completion_tokens": final.usage.completion_tokens,
-                        "seed": final.seed,
-                        "timings": final.timings.as_dict(),
-                    }
-                )
+                yield {
+                    "id": it.id,
+                    "prompt": it.prompt,
+                    "completion": final.text,
+                    "finish_reason": final.finish_reason,
+                    "prompt_tokens": final.usage.prompt_tokens,
+                    "completion_tokens": final.usage.completion_tokens,
+                    "seed": final.seed,
+                    "timings": final.timings.as_dict(),
+                }
             else:
-                emit({"id": it.id, "prompt": it.prompt, "error": final.message})
+                yield {"id": it.id, "prompt": it.prompt, "error": final.message}
     finally:
         sched.shutdown()
-        writer.close()
-        summary.steps = sched.steps_total
-    return summary
+        if summary is not None:
+            summary.steps = sched.steps_total
 
 
 def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
@@ -237,6 +283,7 @@ def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
 def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str], list[int]]) -> Any:
     from llamacy.generation import sampling_params
     from llamacy.scheduler import GenerationRequest
+    from llamacy.structured import Constraint, response_format_grammar
 
     if it.error is not None:
         raise UsageError(it.error)
@@ -251,6 +298,8 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise UsageError("stop must be a string or a list of strings")
+    # OpenAI's response_format ({"type": "json_object"} or "json_schema"): this item's output is that JSON.
+    grammar = response_format_grammar(opts.pop("response_format", None))
     try:
         params = sampling_params(opts)
     except (TypeError, ValueError) as e:
@@ -262,4 +311,5 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         max_tokens=None if max_tokens == -1 else max_tokens,
         stop=stop,
         id=str(it.id),
+        constraint=None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab),
     )

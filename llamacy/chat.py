@@ -78,7 +78,9 @@ class Turn:
             del s.history[: self.dropped]
         before = llm.last
         completed = False
-        gen = llm.generate_tokens(self.ids, max_tokens=self.max_tokens, stop=tpl.stop_strings, **s.sampling)
+        gen = llm.generate_tokens(
+            self.ids, max_tokens=self.max_tokens, stop=tpl.stop_strings, grammar=s.grammar, **s.sampling
+        )
         try:
             for tok, piece in gen:
                 if tok in tpl.stop_ids:
@@ -118,6 +120,7 @@ class ChatSession:
         self.history: list[dict[str, str]] = []
         self.max_tokens = max_tokens  # per reply; -1 = until the model stops or the context is full
         self.sampling = sampling
+        self.grammar: Any = None  # a llamacy.structured Grammar that replies must follow (chat's /json)
         self._check_system(system)
         self.system = system or None
         # What the cache holds after the last turn: its token ids and, when they decode exactly to it, the

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError
+from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
+from llamacy.structured import Constraint, Grammar, request_grammar
 
 if TYPE_CHECKING:
     from llamacy.model import Model
@@ -47,12 +48,11 @@ class Llama:
 
         ensure_cpu()
         kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
-        if n_threads is not None and n_threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {n_threads}")
-        if n_ctx is not None and n_ctx < 1:
-            raise UsageError(f"--ctx-size must be at least 1, got {n_ctx}")
-        if n_batch < 1:
-            raise UsageError(f"batch size must be at least 1, got {n_batch}")
+        if n_threads is not None:
+            require_range("--threads", n_threads, 1)
+        if n_ctx is not None:
+            require_range("--ctx-size", n_ctx, 1)
+        require_range("batch size", n_batch, 1)
         self.kv_type = kv_type
         self.n_batch = n_batch
         self.profiling = profile
@@ -163,17 +163,25 @@ class Llama:
         max_tokens: int | None = 128,
         stop: Sequence[str] = (),
         add_bos: bool | None = None,
+        grammar: Grammar | None = None,
+        constraint: Any = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
         is incomplete, and a last (-1, text) carries text held back to the end. self.last holds the
-        Completion (text, finish_reason, stats) as it grows."""
+        Completion (text, finish_reason, stats) as it grows. `grammar` (from llamacy.structured, e.g.
+        json_schema_grammar(schema)) confines the output to it; `constraint` is a per-sequence one already
+        made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar)."""
         params = sampling_params(sampling)
+        if grammar is not None:
+            if constraint is not None:
+                raise UsageError("give a grammar or a constraint, not both")
+            constraint = Constraint(grammar, self.tokenizer, self.n_vocab)
         if max_tokens is not None and max_tokens < 0:
             max_tokens = None  # -1: until the context is full or the model stops
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
         session = self.session  # built on first use, which load_s then includes
-        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s)
+        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint)
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any
@@ -201,9 +209,14 @@ class Llama:
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
         echo: bool = False,
+        response_format: dict | None = None,
+        grammar: str | None = None,
+        json_schema: dict | str | None = None,
     ) -> dict | Iterator[dict]:
-        """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True."""
+        """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True.
+        response_format (OpenAI), grammar (GBNF) or json_schema (llama.cpp's fields) constrain the output."""
         stops = [stop] if isinstance(stop, str) else list(stop or [])
+        constrained = request_grammar(response_format, grammar, json_schema)
         kwargs = dict(
             temperature=temperature,
             top_p=top_p,
@@ -217,7 +230,7 @@ class Llama:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.model_path.name
-        gen = self.generate_tokens(prompt, max_tokens, stop=stops, **kwargs)
+        gen = self.generate_tokens(prompt, max_tokens, stop=stops, grammar=constrained, **kwargs)
 
         def chunk(text: str, finish: str | None) -> dict:
             return {
@@ -287,3 +300,10 @@ class Llama:
         )
         vectors = embedder.embed(token_lists, normalize=normalize)
         return Embeddings(vectors=vectors.tolist(), input_tokens=[len(ids) for ids in token_lists])
+
+    def create_chat_completion(self, messages: Sequence[dict], **options: Any) -> dict | Iterator[dict]:
+        """An OpenAI-shaped chat completion (a dict, or chunks when stream=True) through the model's chat
+        template, with response_format, tools, tool_choice and parallel_tool_calls (see chat_api.py)."""
+        from llamacy.chat_api import create_chat_completion
+
+        return create_chat_completion(self, messages, **options)

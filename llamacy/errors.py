@@ -25,3 +25,11 @@ class UnsupportedModelError(LlamacyError):
 
 class CPUError(LlamacyError):
     """The CPU lacks an instruction set the kernels were built for."""
+
+
+def require_range(name: str, value: float, lo: float, hi: float | None = None) -> None:
+    """UsageError unless lo <= value (<= hi): the one wording of every numeric option's bounds."""
+    if hi is None and value < lo:
+        raise UsageError(f"{name} must be at least {lo}, got {value}")
+    if hi is not None and not lo <= value <= hi:
+        raise UsageError(f"{name} must be between {lo} and {hi}, got {value}")

@@ -1,10 +1,12 @@
 """The GGML tensor types: ids as GGUF stores them, block sizes and bytes per block.
 
-One table shared by the GGUF reader (to validate tensor sizes) and the kernels (to walk rows).
+One table (TYPES) shared by the GGUF reader (to validate tensor sizes), the model loader and the converter
+(which types the kernels compute with).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -43,61 +45,55 @@ class GGMLType(IntEnum):
     MXFP4 = 39
 
 
-# type -> (values per block, bytes per block). Every type a GGUF file may hold, so that the reader can
-# validate sizes even of tensors whose type our kernels do not compute with.
-BLOCK_LAYOUT: dict[int, tuple[int, int]] = {
-    GGMLType.F32: (1, 4),
-    GGMLType.F16: (1, 2),
-    GGMLType.Q4_0: (32, 18),
-    GGMLType.Q4_1: (32, 20),
-    GGMLType.Q5_0: (32, 22),
-    GGMLType.Q5_1: (32, 24),
-    GGMLType.Q8_0: (32, 34),
-    GGMLType.Q8_1: (32, 40),
-    GGMLType.Q2_K: (256, 84),
-    GGMLType.Q3_K: (256, 110),
-    GGMLType.Q4_K: (256, 144),
-    GGMLType.Q5_K: (256, 176),
-    GGMLType.Q6_K: (256, 210),
-    GGMLType.Q8_K: (256, 292),
-    GGMLType.IQ2_XXS: (256, 66),
-    GGMLType.IQ2_XS: (256, 74),
-    GGMLType.IQ3_XXS: (256, 98),
-    GGMLType.IQ1_S: (256, 50),
-    GGMLType.IQ4_NL: (32, 18),
-    GGMLType.IQ3_S: (256, 110),
-    GGMLType.IQ2_S: (256, 82),
-    GGMLType.IQ4_XS: (256, 136),
-    GGMLType.I8: (1, 1),
-    GGMLType.I16: (1, 2),
-    GGMLType.I32: (1, 4),
-    GGMLType.I64: (1, 8),
-    GGMLType.F64: (1, 8),
-    GGMLType.IQ1_M: (256, 56),
-    GGMLType.BF16: (1, 2),
-    GGMLType.TQ1_0: (256, 54),
-    GGMLType.TQ2_0: (256, 66),
-    GGMLType.MXFP4: (32, 17),
+# One row per type: (values per block, bytes per block, whether the kernels compute with it). Every type a
+# GGUF file may hold, so that the reader can validate sizes even of tensors whose type our kernels do not
+# compute with. For the computed types the kernels keep their own row (llamacy.kernels.traits: the block
+# structs and operations); tests/test_traits.py holds the two tables to each other.
+@dataclass(frozen=True)
+class TypeLayout:
+    block: int  # values per block (1 for the plain number types)
+    size: int  # bytes per block
+    compute: bool = False  # the kernels compute with it (matmul, dequantize, quantize)
+
+
+TYPES: dict[int, TypeLayout] = {
+    GGMLType.F32: TypeLayout(1, 4, compute=True),
+    GGMLType.F16: TypeLayout(1, 2, compute=True),
+    GGMLType.Q4_0: TypeLayout(32, 18, compute=True),
+    GGMLType.Q4_1: TypeLayout(32, 20, compute=True),
+    GGMLType.Q5_0: TypeLayout(32, 22, compute=True),
+    GGMLType.Q5_1: TypeLayout(32, 24, compute=True),
+    GGMLType.Q8_0: TypeLayout(32, 34, compute=True),
+    GGMLType.Q8_1: TypeLayout(32, 40),
+    GGMLType.Q2_K: TypeLayout(256, 84, compute=True),
+    GGMLType.Q3_K: TypeLayout(256, 110, compute=True),
+    GGMLType.Q4_K: TypeLayout(256, 144, compute=True),
+    GGMLType.Q5_K: TypeLayout(256, 176, compute=True),
+    GGMLType.Q6_K: TypeLayout(256, 210, compute=True),
+    GGMLType.Q8_K: TypeLayout(256, 292),
+    GGMLType.IQ2_XXS: TypeLayout(256, 66),
+    GGMLType.IQ2_XS: TypeLayout(256, 74),
+    GGMLType.IQ3_XXS: TypeLayout(256, 98),
+    GGMLType.IQ1_S: TypeLayout(256, 50),
+    GGMLType.IQ4_NL: TypeLayout(32, 18),
+    GGMLType.IQ3_S: TypeLayout(256, 110),
+    GGMLType.IQ2_S: TypeLayout(256, 82),
+    GGMLType.IQ4_XS: TypeLayout(256, 136),
+    GGMLType.I8: TypeLayout(1, 1),
+    GGMLType.I16: TypeLayout(1, 2),
+    GGMLType.I32: TypeLayout(1, 4),
+    GGMLType.I64: TypeLayout(1, 8),
+    GGMLType.F64: TypeLayout(1, 8),
+    GGMLType.IQ1_M: TypeLayout(256, 56),
+    GGMLType.BF16: TypeLayout(1, 2, compute=True),
+    GGMLType.TQ1_0: TypeLayout(256, 54),
+    GGMLType.TQ2_0: TypeLayout(256, 66),
+    GGMLType.MXFP4: TypeLayout(32, 17),
 }
 
-# Weight types the kernels compute with (matmul and row lookup). Grows as kernels land.
-COMPUTE_TYPES: frozenset[int] = frozenset(
-    {
-        GGMLType.F32,
-        GGMLType.F16,
-        GGMLType.BF16,
-        GGMLType.Q8_0,
-        GGMLType.Q4_0,
-        GGMLType.Q4_1,
-        GGMLType.Q5_0,
-        GGMLType.Q5_1,
-        GGMLType.Q2_K,
-        GGMLType.Q3_K,
-        GGMLType.Q4_K,
-        GGMLType.Q5_K,
-        GGMLType.Q6_K,
-    }
-)
+# Views of the table.
+BLOCK_LAYOUT: dict[int, tuple[int, int]] = {t: (row.block, row.size) for t, row in TYPES.items()}
+COMPUTE_TYPES: frozenset[int] = frozenset(t for t, row in TYPES.items() if row.compute)
 
 
 def type_name(t: int) -> str:
@@ -109,7 +105,11 @@ def type_name(t: int) -> str:
 
 def row_bytes(t: int, n_values: int) -> int:
     """Bytes of one row of n_values values; n_values must be a whole number of blocks."""
-    block, size = BLOCK_LAYOUT[t]
+    try:
+        row = TYPES[t]
+    except KeyError:
+        raise ValueError(f"unknown GGML type {t}") from None
+    block, size = row.block, row.size
     if n_values % block:
         raise ValueError(f"{type_name(t)} rows need a multiple of {block} values, got {n_values}")
     return n_values // block * size

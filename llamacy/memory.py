@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from llamacy.errors import LlamacyError
 
 
@@ -43,3 +45,18 @@ def check_fits(weights: int, kv_cache: int, scratch: int, what: str) -> None:
             f"{what} needs {_gib(need)} (weights {_gib(weights)} + KV cache {_gib(kv_cache)} + buffers "
             f"{_gib(scratch)}) but only {_gib(avail)} is available; lower --ctx-size"
         )
+
+
+def weights_per_token(tensors: Iterable[tuple[str, int, int]], n_expert: int, n_used: int) -> tuple[int, int]:
+    """(parameters, bytes) of the weights one token reads, from (name, elements, bytes) of every tensor.
+
+    A mixture-of-experts model maps all of its experts (the memory check counts them all) but a token
+    reads only n_used of the n_expert in each stacked ffn_*_exps tensor; everything else is read whole.
+    """
+    params = n_bytes = 0
+    for name, elements, size in tensors:
+        if n_expert and "_exps." in name:
+            elements, size = elements * n_used // n_expert, size * n_used // n_expert
+        params += elements
+        n_bytes += size
+    return params, n_bytes

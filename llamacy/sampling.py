@@ -144,9 +144,10 @@ class Sampler:
         """Restart the random stream from the seed: the next draws repeat the first ones."""
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """The next token id. `logits` (float32 [n_vocab]) is not modified; `history` = prompt + generated ids."""
-        ids, probs = self.distribution(logits, history)
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), mask: np.ndarray | None = None) -> int:
+        """The next token id. `logits` (float32 [n_vocab]) is not modified; `history` = prompt + generated ids;
+        `mask` (bool [n_vocab], e.g. a grammar's) allows only the tokens where it is True."""
+        ids, probs = self.distribution(logits, history, mask)
         if self.params.greedy:
             return int(ids[0])
         # Inverse CDF with one double per draw, even when one candidate is left, so that the random
@@ -156,16 +157,21 @@ class Sampler:
         i = int(np.searchsorted(cdf, u, side="right"))
         return int(ids[min(i, len(ids) - 1)])
 
-    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    def distribution(
+        self, logits: np.ndarray, history: Sequence[int] = (), mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The candidates left by the chain and the probabilities the draw uses (float64, summing to 1).
 
         Candidates come in canonical order: logit descending, then id ascending. Greedy settings give one
-        candidate with probability 1. Consumes no randomness.
+        candidate with probability 1. Consumes no randomness. A `mask` sets the logits of disallowed tokens to
+        -inf before anything else, so penalties, top-k and the rest see only allowed tokens.
         """
         x = self._as_row(logits)
         if len(self._bias):
             x = x.copy()  # the caller's logits stay as they were
             x[self._bias_ids] += self._bias
+        if mask is not None:
+            x = self._apply_mask(x, mask)
         p = self.params
         n = self.n_vocab
         k = p.top_k if 0 < p.top_k < n else n
@@ -220,6 +226,14 @@ class Sampler:
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)
         return x
+
+    def _apply_mask(self, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        m = np.asarray(mask)
+        if m.shape != (self.n_vocab,) or m.dtype != np.bool_:
+            raise ValueError(f"mask must be a bool array of shape ({self.n_vocab},), got {m.dtype} {m.shape}")
+        if not m.any():
+            raise ValueError("the mask allows no token")
+        return np.where(m, x, np.float32(-np.inf))
 
     def _check_logits(self, x: np.ndarray) -> np.ndarray:
         if np.isnan(x).any():

@@ -19,7 +19,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from llamacy import ggml_types
 from llamacy.kernels import matmul as mm
-from llamacy.kernels import quant
+from llamacy.kernels import quant, traits
+from llamacy.kernels import quantize as qz
 
 T = GGMLQuantizationType
 FLOATS = [T.F32, T.F16, T.BF16]
@@ -128,10 +129,14 @@ def worst(err: np.ndarray, allowed: np.ndarray) -> float:
 
 
 def test_struct_sizes_match_ggml():
-    sizes = quant.struct_sizes()
-    for name, (_, type_size) in ((t.name, GGML_QUANT_SIZES[t]) for t in [*ALL, T.Q8_K]):
-        assert sizes[name] == type_size, name
-    assert sizes["act_q8a"] == 40  # float d, float s, int8 qs[32]
+    """The block structs (their sizeof is the traits table's bytes per block) and the activation blocks."""
+    for t in ALL:
+        assert traits.traits(int(t))["block_bytes"] == GGML_QUANT_SIZES[t][1], t.name
+    assert quant.act_layout(0) == (1, 4)
+    assert quant.act_layout(1) == (32, 40)  # float d, float s, int8 qs[32]
+    assert quant.act_layout(2) == GGML_QUANT_SIZES[T.Q8_K]  # float d, int8 qs[256], int16 bsums[16]
+    with pytest.raises(ValueError, match="activation format"):
+        quant.act_layout(3)
 
 
 def test_block_layout_matches_ggml_types():
@@ -208,7 +213,7 @@ def test_dequantize_matches_gguf_exactly(t):
     rng = np.random.default_rng(3)
     for rows, cols in SHAPES[family(t)][:3]:
         data = make_weights(t, rows, cols, rng)
-        ours = quant.dequantize(int(t), data, (rows, cols))
+        ours = qz.dequantize(int(t), data, (rows, cols))
         ref = oracle_weights(t, data, rows, cols).astype(np.float32)
         assert ours.dtype == np.float32 and ours.shape == (rows, cols)
         assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (rows, cols)
@@ -217,11 +222,11 @@ def test_dequantize_matches_gguf_exactly(t):
 def test_dequantize_shapes():
     rng = np.random.default_rng(4)
     data = make_weights(T.Q4_1, 6, 64, rng)
-    flat = quant.dequantize(int(T.Q4_1), data, (6, 64))
+    flat = qz.dequantize(int(T.Q4_1), data, (6, 64))
     assert np.array_equal(
-        quant.dequantize(int(T.Q4_1), data.reshape(2, 3, -1), (2, 3, 64)), flat.reshape(2, 3, 64)
+        qz.dequantize(int(T.Q4_1), data.reshape(2, 3, -1), (2, 3, 64)), flat.reshape(2, 3, 64)
     )
-    assert np.array_equal(quant.dequantize(int(T.Q4_1), data[0], 64), flat[0])
+    assert np.array_equal(qz.dequantize(int(T.Q4_1), data[0], 64), flat[0])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -380,9 +385,9 @@ def test_wrapper_validation():
     with pytest.raises(ValueError, match="activation row"):
         mm.vec_dot_py(q4, data[0], quant.quantize_act(q4, x[0])[:-1], 64)
     with pytest.raises(ValueError, match="bytes"):
-        quant.dequantize(q4, data[:, :-1], (3, 64))
+        qz.dequantize(q4, data[:, :-1], (3, 64))
     with pytest.raises(ValueError, match="multiple of 256"):
-        quant.dequantize(int(T.Q4_K), np.zeros(144, np.uint8), (1, 128))
+        qz.dequantize(int(T.Q4_K), np.zeros(144, np.uint8), (1, 128))
     with pytest.raises(ValueError, match="multiple of 32"):
         quant.quantize_act(q4, np.zeros((2, 33), np.float32))
     with pytest.raises(ValueError, match="1-D or 2-D"):

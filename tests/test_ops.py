@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-ops = pytest.importorskip("llamacy.kernels.ops")
+testing = pytest.importorskip("llamacy.kernels.testing")
 
 
 def test_rmsnorm_matches_numpy():
@@ -11,7 +11,7 @@ def test_rmsnorm_matches_numpy():
     x = rng.standard_normal(577).astype(np.float32)
     w = rng.standard_normal(577).astype(np.float32)
     want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5) * w
-    np.testing.assert_allclose(ops.py_rmsnorm(x, w, 1e-5), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(testing.py_rmsnorm(x, w, 1e-5), want, rtol=1e-5, atol=1e-6)
 
 
 def _rope_numpy(x: np.ndarray, n_rot: int, pos: float, base: float, neox: bool) -> np.ndarray:
@@ -34,7 +34,7 @@ def test_rope_matches_numpy(neox, n_rot):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 64)).astype(np.float32)
     want = _rope_numpy(x, n_rot, 37, 10000.0, neox)
-    ops.py_rope(x, n_rot, 37, 10000.0, 2 if neox else 0)
+    testing.py_rope(x, n_rot, 37, 10000.0, 2 if neox else 0)
     np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-5)
 
 
@@ -58,7 +58,7 @@ def test_attention_matches_numpy(kv, softcap, head_dim, first, last):
     p /= p.sum()
     want = p @ V[first : last + 1].astype(np.float64)
     np.testing.assert_allclose(
-        ops.py_attend(q, K, V, first, last, scale, softcap), want, rtol=1e-5, atol=1e-6
+        testing.py_attend(q, K, V, first, last, scale, softcap), want, rtol=1e-5, atol=1e-6
     )
 
 
@@ -72,21 +72,21 @@ def test_half_cache_rows_round_to_nearest_even_as_numpy():
             np.float32(1.0) + np.arange(16) * np.float32(2**-11),  # ties between halves
         ]
     ).astype(np.float32)
-    got = ops.py_store_kv_row(x, True)
+    got = testing.py_store_kv_row(x, True)
     assert got.dtype == np.float16
     with np.errstate(over="ignore"):  # numpy warns about the values that become inf, as they should
         want = x.astype(np.float16)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
-    np.testing.assert_array_equal(ops.py_store_kv_row(x, False), x)
+    np.testing.assert_array_equal(testing.py_store_kv_row(x, False), x)
 
 
 def test_attention_rejects_mixed_cache_types():
     K = np.zeros((4, 8), np.float32)
     with pytest.raises(ValueError, match="float16"):
-        ops.py_attend(np.zeros(8, np.float32), K, K.astype(np.float16), 0, 3, 1.0)
+        testing.py_attend(np.zeros(8, np.float32), K, K.astype(np.float16), 0, 3, 1.0)
 
 
 def test_attention_rejects_bad_range():
     K = np.zeros((4, 8), np.float32)
     with pytest.raises(ValueError):
-        ops.py_attend(np.zeros(8, np.float32), K, K, 0, 4, 1.0)
+        testing.py_attend(np.zeros(8, np.float32), K, K, 0, 4, 1.0)

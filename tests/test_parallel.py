@@ -8,19 +8,20 @@ import numpy as np
 import pytest
 
 parallel = pytest.importorskip("llamacy.kernels.parallel")
+testing = pytest.importorskip("llamacy.kernels.testing")
 
 
 @pytest.mark.parametrize("n_items,chunk", [(1, 1), (7, 3), (1000, 7), (1000, 1000), (1001, 64), (5, 100)])
 @pytest.mark.parametrize("nthreads", [1, 2, 4])
 def test_every_item_exactly_once(n_items, chunk, nthreads):
-    counts = parallel.check_coverage(n_items, chunk, nthreads, repeats=3)
+    counts = testing.check_coverage(n_items, chunk, nthreads, repeats=3)
     assert counts.shape == (n_items,)
     assert (counts == 3).all()
 
 
 def test_many_jobs_in_a_row():
     # Thousands of short jobs: a worker that wakes late for one job must not claim items of the next.
-    counts = parallel.check_coverage(97, 1, 3, repeats=20000)
+    counts = testing.check_coverage(97, 1, 3, repeats=20000)
     np.testing.assert_array_equal(counts, 20000)
 
 
@@ -29,7 +30,7 @@ def test_several_callers_at_once():
     results = []
 
     def work():
-        results.append(parallel.check_coverage(513, 5, 2, repeats=2000))
+        results.append(testing.check_coverage(513, 5, 2, repeats=2000))
 
     threads = [threading.Thread(target=work) for _ in range(3)]
     for t in threads:
@@ -60,7 +61,7 @@ def test_jobs_after_rest_still_run_every_item():
     try:
         for _ in range(200):
             parallel.rest()
-            counts = parallel.check_coverage(1001, 8, 3, repeats=5)
+            counts = testing.check_coverage(1001, 8, 3, repeats=5)
             np.testing.assert_array_equal(counts, 5)
     finally:
         stop.set()

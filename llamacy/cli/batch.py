@@ -32,54 +32,61 @@ def batch(
         False, "--chat", help="Send each prompt as a user turn through the chat template."
     ),
     system: str = typer.Option(None, "--system", help="With --chat: a system prompt for every item."),
+    ray_address: str = typer.Option(
+        None,
+        "--ray",
+        help="Run on the Ray cluster at this address (host:port of its head, or 'auto'), with Ray Data: "
+        "--replicas workers of -t threads (CPUs) each, --parallel prompts each. Needs llamacy[ray].",
+    ),
+    replicas: int = typer.Option(1, "--replicas", help="With --ray: how many workers (model copies)."),
 ) -> None:
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
 
     opt.check_counts(threads, ctx_size, predict)
-    if not 1 <= parallel <= 256:
-        raise UsageError(f"--parallel must be between 1 and 256, got {parallel}")
+    require_range("--parallel", parallel, 1, 256)
     if system is not None and not chat:
         raise UsageError("--system needs --chat")
+    if replicas < 1 or (replicas != 1 and ray_address is None):
+        raise UsageError("--replicas is a number of Ray workers (1 or more), with --ray")
     defaults = {k: v for k, v in sampling.items() if v is not None}
     defaults["max_tokens"] = predict
     if stop:
         defaults["stop"] = list(stop)
 
-    from llamacy.batch import done_ids, read_items, run_batch
-    from llamacy.engine import Llama
+    from llamacy.batch import BatchModel, done_ids, read_items, run_batch
 
+    if ray_address is not None:
+        from llamacy.distributed.cluster import require_ray
+
+        require_ray("data")  # before any work: without Ray, one line saying how to get it
     items = read_items(prompts, fmt)
     already = done_ids(output, repair=False)
     if len(already) >= len(items) and all(_k(it.id) in already for it in items):
         _say(f"all {len(items)} prompts already have results in {output}")
         return
-    llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
-    encode = None
-    if chat:
-        from llamacy.chat_template import ChatTemplate
-
-        template = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
-        sys_msgs = [{"role": "system", "content": system}] if system else []
-        stops = template.stop_strings
-        if stops:
-            defaults["stop"] = [*defaults.get("stop", []), *stops]
-
-        def encode(text: str) -> list[int]:
-            messages = [*sys_msgs, {"role": "user", "content": text}]
-            return template.encode(template.render(messages, add_generation_prompt=True))
-
+    spec = BatchModel(model, ctx_size, threads, kv_type, chat, system)
     progress = _Progress(len(items) - len(already & {_k(it.id) for it in items}))
     try:
-        summary = run_batch(
-            llm,
-            items,
-            output,
-            defaults,
-            n_parallel=parallel,
-            n_ctx=llm.n_ctx,
-            encode=encode,
-            on_result=progress.advance,
-        )
+        if ray_address is not None:
+            from llamacy.distributed.ray_batch import run_batch_on_ray
+
+            summary = run_batch_on_ray(
+                ray_address, items, output, defaults, spec, replicas, parallel, on_result=progress.advance
+            )
+        else:
+            llm, encode, stops = spec.load()
+            if stops:
+                defaults["stop"] = [*defaults.get("stop", []), *stops]
+            summary = run_batch(
+                llm,
+                items,
+                output,
+                defaults,
+                n_parallel=parallel,
+                n_ctx=llm.n_ctx,
+                encode=encode,
+                on_result=progress.advance,
+            )
     finally:
         progress.stop()
     _say(

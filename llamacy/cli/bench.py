@@ -35,12 +35,11 @@ def bench(
     profile: bool = typer.Option(False, "--profile", help="Per-stage time of each test on stderr."),
     kv_type: str = opt.KV_TYPE,
 ) -> None:
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
 
     if output not in ("md", "json", "csv"):
         raise UsageError(f"--output must be md, json or csv, got {output!r}")
-    if repetitions < 1:
-        raise UsageError(f"--repetitions must be at least 1, got {repetitions}")
+    require_range("--repetitions", repetitions, 1)
     prompts = [p for p in _ints(n_prompt, "--n-prompt", 0) if p]
     gens = [g for g in _ints(n_gen, "--n-gen", 0) if g]
     models = [m for spec in (model or [None]) for m in (spec.split(",") if spec else [None])]
@@ -61,8 +60,12 @@ def bench(
             profile=profile,
             kv_type=kv_type,
         )
+        # Build the model before lowering the thread count: it sizes its scratch and the thread team for
+        # the threads it is built with, and never uses more (`llm.n_threads = llm.model.n_threads = 1`
+        # would build it for one, and every later test would run on one thread whatever it says).
+        model = llm.model
         for t in thread_counts:
-            llm.n_threads = llm.model.n_threads = t
+            llm.n_threads = model.n_threads = t
             for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
                 llm.model.forward.profile_reset()
                 results.append(run_test(llm, p, g, repetitions))

@@ -28,6 +28,7 @@ HELP = """\
 /save FILE        save the conversation as JSON messages
 /load FILE        load a conversation saved with /save
 /stats            tokens, context and speed
+/json [SCHEMA|off] replies as JSON objects (on/off), or valid against a schema (a file or the JSON)
 /exit             quit (also Ctrl-D)
 A line ending in \\ continues on the next line; \"\"\" starts and ends a multi-line block.
 Ctrl-C stops a reply (what was written stays in the conversation); at the prompt, twice to quit.
@@ -368,11 +369,25 @@ class ChatUI:
                 self.note(f"(loaded {len(s.messages)} messages from {arg})")
             elif name == "/stats":
                 self.stats()
+            elif name == "/json":
+                self.json_mode(arg)
             else:
                 self.error(f"unknown command {name} (/help lists them)")
         except LlamacyError as e:
             self.error(str(e))
         return None
+
+    def json_mode(self, arg: str) -> None:
+        """/json toggles JSON-object replies; /json SCHEMA (file or JSON text) sets a schema; /json off."""
+        from llamacy.structured.grammar import cli_grammar
+
+        s = self.session
+        if arg in ("off", "-") or (not arg and s.grammar is not None):
+            s.grammar = None
+            self.note("(replies are free text)")
+            return
+        s.grammar = cli_grammar(json_object=not arg, json_schema=arg or None)  # UsageError: shown, mode kept
+        self.note("(replies are JSON objects)" if not arg else "(replies follow the JSON schema)")
 
     def stats(self) -> None:
         s = self.session

@@ -10,6 +10,7 @@ import typer
 
 from llamacy.cli import options as opt
 from llamacy.memory import human_size as _size
+from llamacy.memory import weights_per_token
 
 
 def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> dict[str, Any]:
@@ -26,6 +27,8 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
     n_ctx = ctx_size or min(cfg.n_ctx_train, DEFAULT_CTX)
     weights = sum(t.n_bytes for t in f.tensors.values())
     kv = cfg.kv_bytes(n_ctx, kv_type=kv_type)
+    tensors = [(name, t.n_elements, t.n_bytes) for name, t in f.tensors.items()]
+    active, read = weights_per_token(tensors, cfg.n_expert, cfg.n_expert_used)
     return {
         "path": str(path),
         "name": cfg.name,
@@ -39,14 +42,19 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "heads": cfg.n_head,
         "kv_heads": cfg.n_head_kv,
         "head_dim": cfg.head_dim,
-        "feed_forward": cfg.n_ff,
+        "feed_forward": cfg.n_ff_exp if cfg.n_expert else cfg.n_ff,
+        # Mixture of experts: experts per layer and per token (None for a dense model); the parameters one
+        # token computes with.
+        "experts": {"total": cfg.n_expert, "used": cfg.n_expert_used} if cfg.n_expert else None,
+        "active_parameters": active,
         "vocab_size": cfg.n_vocab,
         "tokenizer": md.get("tokenizer.ggml.model"),
         "tokenizer_pre": md.get("tokenizer.ggml.pre"),
         "chat_template": "tokenizer.chat_template" in md,
         "ctx_size": n_ctx,
         "kv_type": kv_type,
-        "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv},
+        # Every expert is mapped (weights counts them all); a token reads read_per_token of them.
+        "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv, "read_per_token": read},
     }
 
 
@@ -79,6 +87,7 @@ def info(
             f"{d['layers']} layers, {d['embedding']} wide, {d['heads']} heads ({d['kv_heads']} KV) "
             f"of {d['head_dim']}, feed-forward {d['feed_forward']}",
         ),
+        *_expert_rows(d),
         ("context length", str(d["context_length"])),
         ("vocabulary", f"{d['vocab_size']} tokens, {d['tokenizer']} (pre: {d['tokenizer_pre']})"),
         ("chat template", "yes" if d["chat_template"] else "no (a built-in one is chosen)"),
@@ -88,6 +97,21 @@ def info(
             f"(weights {_size(d['memory']['weights'])} + {d['kv_type']} KV cache {_size(d['memory']['kv_cache'])})",
         ),
     ]
+    if d["experts"]:
+        rows.append(("per token", f"reads {_size(d['memory']['read_per_token'])} of the weights"))
     for k, v in rows:
         t.add_row(k, v)
     Console(highlight=False).print(t)
+
+
+def _expert_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    if not d["experts"]:
+        return []
+    e = d["experts"]
+    return [
+        (
+            "experts",
+            f"{e['total']} a layer, {e['used']} used per token "
+            f"(active parameters {d['active_parameters'] / 1e6:.1f} M of {d['parameters'] / 1e6:.1f} M)",
+        )
+    ]

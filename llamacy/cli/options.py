@@ -70,10 +70,10 @@ def sampling_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def check_counts(threads: int | None, ctx_size: int | None, predict: int | None = None) -> None:
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
 
-    if threads is not None and not 1 <= threads <= 1024:
-        raise UsageError(f"--threads must be between 1 and 1024, got {threads}")
+    if threads is not None:
+        require_range("--threads", threads, 1, 1024)
     if ctx_size is not None and not 1 <= ctx_size <= 1 << 24:
         raise UsageError(f"--ctx-size must be between 1 and {1 << 24}, got {ctx_size}")
     if predict is not None and predict < -1:

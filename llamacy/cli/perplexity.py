@@ -20,12 +20,12 @@ def perplexity(
     threads: int = opt.THREADS,
 ) -> None:
     from llamacy.engine import Llama
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
     from llamacy.perplexity import perplexity as compute
 
     opt.check_counts(threads, ctx_size)
-    if chunks is not None and chunks < 1:
-        raise UsageError(f"--chunks must be at least 1, got {chunks}")
+    if chunks is not None:
+        require_range("--chunks", chunks, 1)
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
     except OSError as e:

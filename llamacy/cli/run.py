@@ -51,8 +51,18 @@ def run(
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
     profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
+    json_object: bool = typer.Option(False, "--json", help="Output one JSON object (any)."),
+    json_schema: str = typer.Option(
+        None, "--json-schema", help="Output JSON valid against this schema: a file, or the schema itself."
+    ),
+    grammar: str = typer.Option(
+        None, "--grammar", help="Output that a GBNF grammar file (root rule `root`) accepts."
+    ),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
+    from llamacy.structured.grammar import cli_grammar
+
+    constraint = cli_grammar(json_object, json_schema, grammar)  # a bad schema fails before the model loads
     text = read_prompt(prompt, file)
 
     from llamacy.cli.output import CompletionWriter, print_profile, print_stats
@@ -62,7 +72,7 @@ def run(
     out = CompletionWriter(echo=echo)
     out.prompt(text)
     try:
-        for piece in llm.generate(text, max_tokens=predict, stop=stop or (), **sampling):
+        for piece in llm.generate(text, max_tokens=predict, stop=stop or (), grammar=constraint, **sampling):
             out.write(piece)
     except KeyboardInterrupt:
         out.end()

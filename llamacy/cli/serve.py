@@ -86,20 +86,33 @@ def serve(
     idle_unload: float = typer.Option(
         0.0, "--idle-unload", help="Unload a model unused for this many seconds (0: never)."
     ),
+    ray_address: str = typer.Option(
+        None,
+        "--ray",
+        help="Serve on the Ray cluster at this address (its head's host:port, or 'auto'): --replicas copies "
+        "of the server behind one ingress at --host/--port, -t threads (CPUs) each. Needs llamacy[ray].",
+    ),
+    replicas: str = typer.Option(
+        "1", "--replicas", help="With --ray: how many replicas, or 'auto' (Serve scales on queue length)."
+    ),
+    min_replicas: int = typer.Option(None, "--min-replicas", help="With --replicas auto: the fewest (1)."),
+    max_replicas: int = typer.Option(None, "--max-replicas", help="With --replicas auto: the most (2)."),
 ) -> None:
-    from llamacy.errors import UsageError
+    from llamacy.errors import UsageError, require_range
+
+    if ray_address is not None:
+        from llamacy.distributed.cluster import require_ray
+
+        require_ray("serve")  # before any work: without Ray, one line saying how to get it
+    elif replicas != "1" or min_replicas is not None or max_replicas is not None:
+        raise UsageError("--replicas, --min-replicas and --max-replicas go with --ray")
 
     opt.check_counts(threads, ctx_size)
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be between 0 and 65535, got {port}")
-    if not 1 <= parallel <= 256:
-        raise UsageError(f"--parallel must be between 1 and 256, got {parallel}")
-    if queue_size < 1:
-        raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
-    if job_ttl < 0:
-        raise UsageError(f"--job-ttl must be at least 0, got {job_ttl}")
-    if idle_unload < 0:
-        raise UsageError(f"--idle-unload must be at least 0, got {idle_unload}")
+    require_range("--port", port, 0, 65535)
+    require_range("--parallel", parallel, 1, 256)
+    require_range("--queue-size", queue_size, 1)
+    require_range("--job-ttl", job_ttl, 0)
+    require_range("--idle-unload", idle_unload, 0)
     budget = parse_size(max_memory) if max_memory is not None else None
     sources = list(models or []) + (read_models_file(models_file) if models_file else [])
 
@@ -129,13 +142,21 @@ def serve(
             )
         specs.append(ModelSpec(name, source, footprint))
 
+    settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl)
+    if ray_address is not None:
+        from llamacy.distributed.ray_serve import ReplicaPlan, serve_on_ray
+
+        plan = ReplicaPlan.parse(replicas, threads or 1, min_replicas, max_replicas)
+        loader = ModelLoader(ctx_size, plan.threads, kv_type, parallel, queue_size, chat_template)
+        serve_on_ray(ray_address, plan, specs, loader, settings, host, port, budget, idle_unload or None)
+        return
+
     sock = bind(host, port)  # before loading: a port in use fails fast
     loader = ModelLoader(ctx_size, threads, kv_type, parallel, queue_size, chat_template)
     registry = ModelRegistry(specs, loader, max_memory=budget, idle_unload_s=idle_unload or None)
     try:
         if len(specs) == 1:
             registry.get(None)  # one model: loaded now, so that a model that cannot load fails here
-        settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl)
         app = create_app(registry, settings=settings)
         names = ", ".join(f"{s.name} [{n} tokens]" for s, n in zip(specs, ctx_of, strict=True))
         n_threads = threads or default_threads()

@@ -48,6 +48,7 @@ class GGUFSource(Source):
                 n_layer=_count(md.get(f"{arch}.block_count"), 0),
                 n_head=n_head,
                 n_head_kv=_count(md.get(f"{arch}.attention.head_count_kv"), n_head),
+                n_expert=_count(md.get(f"{arch}.expert_count"), 0),
             )
             self.tensors = [self._tensor(t) for t in self.file.tensors.values()]
             self._types = _kv_types(path)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGUFWriter, RopeScalingType, size_label
 
+from llamacy.convert.hf_moe import MIXTRAL_EXPERTS, QWEN_EXPERTS, ExpertSpec, stacked_tensor
 from llamacy.convert.hf_tokenizer import add_tokenizer
 from llamacy.convert.mixtures import ModelFacts
 from llamacy.convert.safetensors_io import Checkpoint
@@ -67,6 +68,7 @@ class ArchSpec:
     norm_plus_one: bool = False  # Gemma
     permute_qk: bool = False  # llama
     check: Callable[[HFConfig], None] = field(default=lambda c: None)
+    experts: ExpertSpec | None = None  # mixture-of-experts layers
 
 
 class HFConfig:
@@ -126,10 +128,38 @@ def _check_llama(c: HFConfig) -> None:
 def _check_qwen(c: HFConfig) -> None:
     if c.get("use_sliding_window", False):
         raise UnsupportedModelError(f"{c.path}: Qwen sliding-window attention is not supported")
-    if c.get("attention_bias", False) and c.get("model_type") == "qwen3":
+    if c.get("attention_bias", False) and c.get("model_type") in ("qwen3", "qwen3_moe"):
         raise UnsupportedModelError(f"{c.path}: qwen3 with attention biases is not supported")
     _check_act(c, "hidden_act", "silu")
     _check_rope(c, ("default", "linear"))
+
+
+def _check_moe(c: HFConfig, norm_topk: bool) -> None:
+    """Every layer a mixture (llama.cpp has no dense layers in these architectures), routed weights
+    renormalised over the chosen experts exactly where llama.cpp does (qwen3moe, Mixtral; not qwen2moe)."""
+    if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers", []):
+        raise UnsupportedModelError(
+            f"{c.path}: dense layers between mixture-of-experts layers are not supported"
+        )
+    if "norm_topk_prob" in c.raw and bool(c.get("norm_topk_prob")) != norm_topk:
+        raise UnsupportedModelError(
+            f"{c.path}: norm_topk_prob={c.get('norm_topk_prob')} (llama.cpp's {c.get('model_type')} uses {norm_topk})"
+        )
+
+
+def _check_qwen3moe(c: HFConfig) -> None:
+    _check_qwen(c)
+    _check_moe(c, True)
+
+
+def _check_qwen2moe(c: HFConfig) -> None:
+    _check_qwen(c)
+    _check_moe(c, False)
+
+
+def _check_mixtral(c: HFConfig) -> None:
+    _check_llama(c)
+    _check_moe(c, True)
 
 
 def _check_gemma3(c: HFConfig) -> None:
@@ -164,21 +194,54 @@ def _check_act(c: HFConfig, key: str, expected: str, fallback_key: str | None = 
 
 
 _LLAMA_LAYERS = {**_LAYER_COMMON, "post_attention_layernorm.weight": "ffn_norm.weight"}
+_QKV_BIAS = {
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+# Mixture-of-experts layers: no dense feed-forward; a router (and, in qwen2moe, a gated shared expert).
+_MOE_ATTN = {k: v for k, v in _LLAMA_LAYERS.items() if not k.startswith("mlp.")}
+_SHARED_EXPERT = {
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
 ARCHITECTURES: dict[str, ArchSpec] = {
     "LlamaForCausalLM": ArchSpec("llama", _LLAMA_LAYERS, False, 10000.0, permute_qk=True, check=_check_llama),
     "Qwen2ForCausalLM": ArchSpec(
         "qwen2",
-        {
-            **_LLAMA_LAYERS,
-            "self_attn.q_proj.bias": "attn_q.bias",
-            "self_attn.k_proj.bias": "attn_k.bias",
-            "self_attn.v_proj.bias": "attn_v.bias",
-        },
+        {**_LLAMA_LAYERS, **_QKV_BIAS},
         False,
         10000.0,
         check=_check_qwen,
     ),
     "Qwen3ForCausalLM": ArchSpec("qwen3", {**_LLAMA_LAYERS, **_QK_NORMS}, False, 10000.0, check=_check_qwen),
+    "Qwen3MoeForCausalLM": ArchSpec(
+        "qwen3moe",
+        {**_MOE_ATTN, **_QK_NORMS, "mlp.gate.weight": "ffn_gate_inp.weight"},
+        False,
+        10000.0,
+        check=_check_qwen3moe,
+        experts=QWEN_EXPERTS,
+    ),
+    "Qwen2MoeForCausalLM": ArchSpec(
+        "qwen2moe",
+        {**_MOE_ATTN, **_QKV_BIAS, "mlp.gate.weight": "ffn_gate_inp.weight", **_SHARED_EXPERT},
+        False,
+        10000.0,
+        check=_check_qwen2moe,
+        experts=QWEN_EXPERTS,
+    ),
+    "MixtralForCausalLM": ArchSpec(
+        "llama",
+        {**_MOE_ATTN, "block_sparse_moe.gate.weight": "ffn_gate_inp.weight"},
+        False,
+        1_000_000.0,
+        permute_qk=True,
+        check=_check_mixtral,
+        experts=MIXTRAL_EXPERTS,
+    ),
     "Gemma3ForCausalLM": ArchSpec(
         "gemma3",
         {
@@ -221,7 +284,12 @@ class HFSource(Source):
         self.path = directory
         self.config, self.spec = load_config(directory)
         c = self.config
-        self.facts = ModelFacts(self.spec.arch, c.n_layer, c.n_head, c.n_head_kv)
+        ex = self.spec.experts
+        self.n_expert = c.positive(ex.count_key) if ex else 0
+        self.n_ff_exp = c.positive(ex.width_key) if ex else 0
+        if ex and not 1 <= c.positive("num_experts_per_tok") <= self.n_expert:
+            raise UsageError(f"{c.path}: num_experts_per_tok must be 1..{self.n_expert}")
+        self.facts = ModelFacts(self.spec.arch, c.n_layer, c.n_head, c.n_head_kv, self.n_expert)
         self.checkpoint = Checkpoint(directory)
         try:
             self.tied = bool(c.get("tie_word_embeddings", self.spec.tied_default))
@@ -256,6 +324,8 @@ class HFSource(Source):
             if gguf == gguf_name:
                 return hf
         layer, _, suffix = gguf_name.removeprefix("blk.").partition(".")
+        if self.spec.experts and suffix.endswith("_exps.weight"):
+            return self.spec.experts.hf_name(int(layer), suffix.removesuffix(".weight"))
         hf_suffix = next((k for k, v in self.spec.layer_map.items() if v == suffix), suffix)
         return f"model.layers.{layer}.{hf_suffix}"
 
@@ -279,11 +349,28 @@ class HFSource(Source):
             "ffn_gate.weight": (c.n_ff, c.n_embd),
             "ffn_up.weight": (c.n_ff, c.n_embd),
             "ffn_down.weight": (c.n_embd, c.n_ff),
+            "ffn_gate_inp.weight": (self.n_expert, c.n_embd),
+            "ffn_gate_exps.weight": (self.n_expert, self.n_ff_exp, c.n_embd),
+            "ffn_up_exps.weight": (self.n_expert, self.n_ff_exp, c.n_embd),
+            "ffn_down_exps.weight": (self.n_expert, c.n_embd, self.n_ff_exp),
         }
+        if self.spec.experts and "mlp.shared_expert_gate.weight" in self.spec.layer_map:
+            fs = c.positive("shared_expert_intermediate_size")
+            per_layer.update(
+                {
+                    "ffn_gate_shexp.weight": (fs, c.n_embd),
+                    "ffn_up_shexp.weight": (fs, c.n_embd),
+                    "ffn_down_shexp.weight": (c.n_embd, fs),
+                    "ffn_gate_inp_shexp.weight": (1, c.n_embd),  # stored [1, n_embd]; written as a vector
+                }
+            )
+        suffixes = list(self.spec.layer_map.values())
+        if self.spec.experts:
+            suffixes += [f"{stem}.weight" for stem in self.spec.experts.projections.values()]
         # In the order the file gets them: embeddings, layers, head (as llama.cpp's files).
         shapes = {"token_embd.weight": (c.n_vocab, c.n_embd)}
         for i in range(c.n_layer):
-            for suffix in self.spec.layer_map.values():
+            for suffix in suffixes:
                 shapes[f"blk.{i}.{suffix}"] = per_layer[suffix]
         shapes["output_norm.weight"] = (c.n_embd,)
         if not self.tied:
@@ -293,7 +380,13 @@ class HFSource(Source):
     def _tensors(self) -> list[SourceTensor]:
         expected = self._expected_shapes()
         found: dict[str, str] = {}  # GGUF name -> checkpoint name
+        experts: dict[str, dict[int, str]] = {}  # stacked GGUF name -> expert -> checkpoint name
         for hf_name in self.checkpoint:
+            stacked = self._expert_of(hf_name)
+            if stacked is not None:
+                name, e = stacked
+                experts.setdefault(name, {})[e] = hf_name
+                continue
             name = self._gguf_name(hf_name)
             if name is None:
                 continue
@@ -303,16 +396,55 @@ class HFSource(Source):
                     f"{self.path}: {hf_name} has shape {list(shape)}, config.json implies {list(expected[name])}"
                 )
             found[name] = hf_name
+        for name, by_expert in experts.items():
+            self._check_experts(name, by_expert, expected[name])
+            found[name] = by_expert[0]
         missing = [n for n in expected if n not in found]
         if missing:
             raise UsageError(
                 f"{self.path}: the checkpoint lacks {len(missing)} tensors (first: {self._hf_name(missing[0])})"
             )
-        tensors = [self._tensor(name, found[name]) for name in expected]
+        tensors = [
+            self._stacked(name, experts[name]) if name in experts else self._tensor(name, found[name])
+            for name in expected
+        ]
         freqs = self._rope_freqs()
         if freqs is not None:
             tensors.insert(1, _array_tensor("rope_freqs.weight", freqs))
         return tensors
+
+    def _expert_of(self, hf_name: str) -> tuple[str, int] | None:
+        """(stacked GGUF name, expert index) of one expert's matrix; None for other tensors."""
+        m = _LAYER_RE.match(hf_name)
+        ex = self.spec.experts
+        e = ex.pattern.match(m.group(2)) if m and ex else None
+        if m is None or ex is None or e is None:
+            return None
+        layer, expert = int(m.group(1)), int(e.group(1))
+        if layer >= self.config.n_layer or expert >= self.n_expert:
+            raise UsageError(f"{self.path}: tensor {hf_name} is past the model's layers or experts")
+        return f"blk.{layer}.{ex.projections[e.group(2)]}.weight", expert
+
+    def _check_experts(self, name: str, by_expert: dict[int, str], shape: tuple[int, ...]) -> None:
+        layer = int(name.split(".")[1])
+        stem = name.split(".")[2]
+        for e in range(self.n_expert):
+            if e not in by_expert:
+                raise UsageError(
+                    f"{self.path}: the checkpoint lacks {self.spec.experts.hf_name(layer, stem, e)}"
+                )
+            got = self.checkpoint.tensors[by_expert[e]].shape
+            if got != shape[1:]:
+                raise UsageError(
+                    f"{self.path}: {by_expert[e]} has shape {list(got)}, config.json implies {list(shape[1:])}"
+                )
+
+    def _stacked(self, name: str, by_expert: dict[int, str]) -> SourceTensor:
+        first = self._tensor(name, by_expert[0])
+        shape = (self.n_expert, *first.shape)
+        return stacked_tensor(
+            name, shape, first.type, lambda e, rows: self.checkpoint.read(by_expert[e], rows)
+        )
 
     def _tensor(self, name: str, hf_name: str) -> SourceTensor:
         ct = self.checkpoint.tensors[hf_name]
@@ -335,6 +467,8 @@ class HFSource(Source):
             w = self.checkpoint.read(hf_name).reshape(-1, shape[-1])
             return (transform(w) if transform is not None else w)[start:stop]
 
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            shape = shape[1:]  # llama.cpp reads it as an n_embd vector
         return SourceTensor(name, shape, int(src_type), read_rows)
 
     def _rope_freqs(self) -> np.ndarray | None:
@@ -394,6 +528,13 @@ class HFSource(Source):
         if "head_dim" in c.raw or arch == "gemma3":
             w.add_key_length(c.head_dim)
             w.add_value_length(c.head_dim)
+        if self.n_expert:
+            w.add_expert_count(self.n_expert)
+            w.add_expert_used_count(c.positive("num_experts_per_tok"))
+            if arch != "llama":  # Mixtral's experts are feed_forward_length wide
+                w.add_expert_feed_forward_length(self.n_ff_exp)
+            if "mlp.shared_expert_gate.weight" in self.spec.layer_map:
+                w.add_expert_shared_feed_forward_length(c.positive("shared_expert_intermediate_size"))
         if c.rope_type == "linear":
             w.add_rope_scaling_type(RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(float(scaling["factor"]))

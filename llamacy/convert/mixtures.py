@@ -13,6 +13,11 @@ then move some tensors to more bits:
 - then, whatever was chosen, a row length that is not a multiple of the type's block size falls back:
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, and to F16 if even that does not fit.
 
+Mixture-of-experts models: the router (ffn_gate_inp) is never quantized; the stacked experts
+(ffn_*_exps) and shared experts (ffn_*_shexp) fall under the ffn_* rules, with the layer read from the
+tensor's name (llama.cpp's layer_info when n_expert > 1); an 8-expert model (Mixtral) gets Q8_0 for
+attn_k and attn_v and Q5_K for attn_output in the q2_k, q3_k_s/m and q4_k_s/m mixtures.
+
 `pure` (llama-quantize --pure) skips the mixture rules but keeps the two others. models.md ("Converting")
 lists the rules for the users.
 """
@@ -86,6 +91,7 @@ class ModelFacts:
     n_layer: int
     n_head: int
     n_head_kv: int
+    n_expert: int = 0
 
     @property
     def n_gqa(self) -> int:
@@ -175,6 +181,9 @@ def choose_types(
         if _is_quantized(new):
             cat = _category(spec.name)
             if not pure:
+                if facts.n_expert > 1 and cat == "ffn_down":
+                    # Experts are not one ffn_down a layer: the layer comes from the name.
+                    counters["ffn_down"] = _layer(spec.name)
                 new = _mixture_rule(new, cat, spec, ft, facts, tied, counters, n_attn_v)
             if cat in counters:
                 counters[cat] += 1
@@ -193,7 +202,7 @@ def _mixture_rule(
     counters: dict[str, int],
     n_attn_v: int,
 ) -> int:
-    """llama_tensor_get_type_impl for the file types of TARGETS (no IQ types, no MoE, no Falcon)."""
+    """llama_tensor_get_type_impl for the file types of TARGETS (no IQ types, no Falcon)."""
     F = LlamaFileType
     if cat == "output" or (tied and cat == "token_embd"):
         if spec.shape[-1] % BLOCK_LAYOUT[new][0] != 0:
@@ -213,7 +222,11 @@ def _mixture_rule(
             new = T.Q5_K
         if facts.is_70b and new in (T.Q3_K, T.Q4_K):
             new = T.Q5_K
+        if facts.n_expert == 8:
+            new = T.Q8_0  # llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
         return new
+    if cat == "attn_k":
+        return T.Q8_0 if facts.n_expert == 8 else new
     if cat == "ffn_down":
         i, n = counters["ffn_down"], facts.n_layer
         if ft == F.MOSTLY_Q2_K:
@@ -228,6 +241,9 @@ def _mixture_rule(
         elif ft == F.MOSTLY_Q4_K_S and i < n // 8:
             new = T.Q5_K
         return new
+    if cat == "attn_output" and facts.n_expert == 8:
+        eight = (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M, F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M)
+        return T.Q5_K if ft in eight else new
     if cat == "attn_output":
         if ft == F.MOSTLY_Q2_K:
             new = T.Q3_K

@@ -68,9 +68,11 @@ class Session:
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
         load_s: float = 0.0,
+        constraint: Any = None,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated, then (-1, text held back to the end) if any. The piece
-        is "" while a character or stop string is incomplete. self.last grows as it goes."""
+        is "" while a character or stop string is incomplete. self.last grows as it goes. `constraint` (a
+        llamacy.structured.Constraint) confines the output to its grammar."""
         t0 = time.perf_counter()
         model = self.model
         kv = model.kv
@@ -84,7 +86,14 @@ class Session:
         # The tokenizer's end-of-generation ids are read now: a caller may change them between calls.
         sampler = Sampler(params, model.cfg.n_vocab)
         state = SequenceState(
-            ids, sampler, self.tokenizer, stop, self.tokenizer.eot_ids, max_tokens, timed=self.profiling
+            ids,
+            sampler,
+            self.tokenizer,
+            stop,
+            self.tokenizer.eot_ids,
+            max_tokens,
+            timed=self.profiling,
+            constraint=constraint,
         )
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
@@ -92,18 +101,22 @@ class Session:
         t_gen = time.perf_counter()
         st.prompt_s = t_gen - t0
         while True:
-            step = state.step(logits, context_full=kv.length(0) >= self.n_ctx)
+            room = self.n_ctx - kv.length(0)
+            step = state.step(logits, context_full=room <= 0, room=room)
             if not done.tokens:
                 st.first_token_s = time.perf_counter() - t0
             if step.token is not None:
-                st.gen_tokens += 1
+                st.gen_tokens += 1 + len(step.forced)
                 done.tokens.append(step.token)
+                done.tokens.extend(step.forced)
                 done.text += step.piece
                 yield step.token, step.piece
+                for tok in step.forced:  # their text came with the first token's piece
+                    yield tok, ""
             if step.finish_reason is not None:
                 done.finish_reason = step.finish_reason
                 break
-            logits = model.eval([step.token], logits="last")
+            logits = model.eval([step.token, *step.forced], logits="last")
             st.gen_s = time.perf_counter() - t_gen
         tail = state.flush()
         if tail:

@@ -21,6 +21,7 @@ import numpy as np
 from llamacy.errors import ContextOverflowError, LlamacyError, UsageError
 from llamacy.sampling import Sampler, SamplingParams
 from llamacy.stopping import StopMatcher
+from llamacy.structured.decode import next_tokens
 
 # Short names the command line and llama-cpp-python style callers use for SamplingParams fields.
 _ALIASES = {"temp": "temperature", "repeat_last": "repeat_last_n"}
@@ -77,6 +78,8 @@ class Step(NamedTuple):  # a tuple: one is made per token
     piece: str  # text safe to show now: "" while a character or a possible stop string is incomplete
     logprob: TokenLogprob | None  # when logprobs were asked for
     finish_reason: str | None  # "stop" (a stop id or string), "length" (max_tokens or context), None: go on
+    # Tokens a grammar forced right after `token` (the piece covers them too): evaluated with it, as one batch.
+    forced: tuple[int, ...] = ()
 
 
 class SequenceState:
@@ -93,9 +96,11 @@ class SequenceState:
         max_tokens: int | None = None,
         logprobs: int | None = None,
         timed: bool = False,
+        constraint: Any = None,
     ) -> None:
         """timed: add up the seconds spent sampling and detokenizing (t_sample, t_detok), for profiles."""
         self.sampler = sampler
+        self.constraint = constraint  # a llamacy.structured.Constraint: grammar mask, forced tokens
         self.history = list(prompt)  # what the penalties look at: prompt + generated
         self.stop_ids = stop_ids
         self.max_tokens = max_tokens  # None: no limit but the context
@@ -112,11 +117,14 @@ class SequenceState:
     def at_limit(self) -> bool:
         return self.max_tokens is not None and len(self.tokens) >= self.max_tokens
 
-    def step(self, logits: np.ndarray, context_full: bool) -> Step:
+    def step(self, logits: np.ndarray, context_full: bool, room: int = 1) -> Step:
         """The next token from the logits of the last evaluated position. context_full: the cache has no
-        room to evaluate another token, so the one sampled now is the last."""
+        room to evaluate another token, so the one sampled now is the last. room: how many tokens the cache
+        can still take (a constrained step may add forced tokens up to it)."""
         if self.at_limit:  # max_tokens = 0
             return Step(None, "", None, "length")
+        if self.constraint is not None:
+            return self._constrained_step(logits, context_full, room)
         t0 = time.perf_counter() if self.timed else 0.0
         try:
             tok = self.sampler.sample(logits, self.history)
@@ -147,6 +155,44 @@ class SequenceState:
         elif self.at_limit or context_full:
             reason = "length"
         return Step(tok, piece, lp, reason)
+
+    def _constrained_step(self, logits: np.ndarray, context_full: bool, room: int) -> Step:
+        """step() under a grammar: the mask in the draw, forced tokens without one, and the end of the
+        sequence when the grammar is complete."""
+        # With logprobs, one token per step: a forced token evaluated in a batch would have no logits of its own.
+        budget = 1 if context_full or self.logprobs is not None else max(1, room)
+        if self.max_tokens is not None:
+            budget = min(budget, self.max_tokens - len(self.tokens))
+        t0 = time.perf_counter()
+        history = self.history
+        toks = next_tokens(
+            self.constraint, lambda mask: self.sampler.sample(logits, history, mask), self.stop_ids, budget
+        )
+        t1 = time.perf_counter()
+        if self.timed:
+            self.t_sample += t1 - t0
+        if not toks:
+            return Step(None, "", None, "stop")
+        pieces = []
+        for tok in toks:
+            self.tokens.append(tok)
+            self.history.append(tok)
+            pieces.append(self.stops.feed(self.decoder.feed(tok)))
+            if self.stops.stopped:
+                break
+        piece = "".join(pieces)
+        if self.timed:
+            self.t_detok += time.perf_counter() - t1
+        # The logits are the model's distribution for the first token, sampled or forced.
+        lp = token_logprob(logits, toks[0], self.logprobs) if self.logprobs is not None else None
+        if piece:
+            self.text.append(piece)
+        reason = None
+        if self.stops.stopped or self.constraint.done:
+            reason = "stop"
+        elif self.at_limit or context_full:
+            reason = "length"
+        return Step(toks[0], piece, lp, reason, tuple(toks[1 : len(pieces)]))
 
     def flush(self) -> str:
         """At the end of generation: release the text held back as an incomplete character or a possible

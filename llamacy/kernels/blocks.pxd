@@ -4,7 +4,7 @@
 # for byte: packed (no padding, alignment 1, so any block address is valid) and fp16 scales kept as their
 # raw uint16 bits (converted with F16C where it matters). tests/test_kernels.py checks every sizeof against
 # gguf.constants.GGML_QUANT_SIZES.
-from libc.stdint cimport int8_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int16_t, uint8_t, uint16_t
 
 cdef enum:
     QK4_0 = 32
@@ -15,7 +15,7 @@ cdef enum:
     QK_K = 256
     K_SCALE_SIZE = 12
 
-# The ggml type ids we compute with (llamacy.ggml_types.GGMLType mirrors the full list).
+# The ggml type ids we compute with (llamacy.ggml_types.GGMLType has the full list; traits.pyx the kernels).
 cdef enum:
     T_F32 = 0
     T_F16 = 1
@@ -30,6 +30,28 @@ cdef enum:
     T_Q5_K = 13
     T_Q6_K = 14
     T_BF16 = 30
+    N_TYPE_IDS = 40  # one more than the largest GGML type id (traits.pyx's table size)
+
+# Activation formats. They live only in memory, never in files, so their layout is ours.
+# ACT_F32: plain float rows (for F32/F16/BF16 weights).
+# ACT_Q8A: for the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): per 32 values a float scale d,
+#          s = d * sum(qs) (what the offset types Q4_1/Q5_1 need), and 32 int8 values.
+# ACT_Q8K: for the K-quants: per 256 values a float scale, 256 int8 values, and 16 sums of 16 values.
+cdef enum:
+    ACT_F32 = 0
+    ACT_Q8A = 1
+    ACT_Q8K = 2
+    N_ACT_FORMATS = 3
+
+ctypedef struct block_q8a:
+    float d
+    float s
+    int8_t qs[32]
+
+ctypedef struct block_q8k:
+    float d
+    int8_t qs[256]
+    int16_t bsums[16]
 
 # Float weights: one value per "block". Distinct types so kernels can be specialised on them.
 ctypedef packed struct block_f16:
@@ -122,6 +144,16 @@ ctypedef fused kblock:
     block_q5_K
     block_q6_K
 
+# The K-quants whose low bits are 2-bit fields, 16 groups of 16 values:
+ctypedef fused k23block:
+    block_q2_K
+    block_q3_K
+
+# The K-quants with 8 sub-blocks of 32 values, a 6-bit scale and min each:
+ctypedef fused k45block:
+    block_q4_K
+    block_q5_K
+
 # Every quantized weight type:
 ctypedef fused qblock:
     block_q4_0
@@ -134,3 +166,14 @@ ctypedef fused qblock:
     block_q4_K
     block_q5_K
     block_q6_K
+
+# The float weight types (a "block" is one value):
+ctypedef fused fblock:
+    float
+    block_f16
+    block_bf16
+
+# Every weight type the kernels compute with:
+ctypedef fused wblock:
+    fblock
+    qblock

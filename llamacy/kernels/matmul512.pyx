@@ -1,9 +1,9 @@
-# AVX-512 VNNI matrix products: Y[t, r] = dot(W row r, activation row t), the same numbers as matmul.pyx's
+# AVX-512 VNNI matrix products: Y[t, r] = dot(W row r, activation row t), the same numbers as mm_avx2.pyx's
 # AVX2 kernels, bit for bit, in less time where the work is compute-bound (several tokens).
 #
 # This module alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (setup.py), and
-# matmul.pyx imports it only on a CPU that has them (cpu.has_avx512_vnni), then calls mm512 through a
-# function pointer chosen once at import. A portable build does not build it.
+# matmul.pyx imports it only on a CPU that has them (cpu.has_avx512_vnni), then has it write its kernels
+# (mm512, one per type) into the traits table's mm_vnni column. A portable build does not build it.
 #
 # Why it is faster. On Zen 4 (and Intel) the integer multiplies (maddubs, madd, dpbusd, dpwssd) and the
 # float multiplies/FMAs share two pipes, and the shuffles share pipes with them and with the int->float
@@ -20,16 +20,17 @@
 #   - The scale products d_w * d_x are made 4 rows x 2 tokens per 256-bit multiply (scale_products), stored,
 #     and each FMA takes its one as a broadcast from memory: a load, not a shuffle.
 #   - Few tokens (n_tok <= RAW_TOK, legacy types): the same tiles straight from the weights as stored
-#     (ltile_raw): with so few tokens, unpacking a block where it is used beats storing and reloading it.
-#   - Decode (n_tok == 1, legacy types): matmul.pyx's decode tile with dpbusd (ldec).
+#     (ltile from_blocks): with so few tokens, unpacking a block where it is used beats storing and
+#     reloading it.
+#   - Decode (n_tok == 1, legacy types): mm_avx2.pyx's decode tile with dpbusd (ldec).
 # The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add multiplier throughput on
 # Zen 4 (double-pumped) and would change the order of the float sums.
 #
-# Float order (bit-equality with matmul.pyx, tested in tests/test_kernels_512.py). Per (row, token):
+# Float order (bit-equality with mm_avx2.pyx, tested in tests/test_kernels_512.py). Per (row, token):
 #   legacy:  acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order; Y = hsum8(acc),
 #            + sum_b (m_w * s_x) in order for Q4_1/Q5_1 (products rounded, then added: no contraction,
 #            see setup.py's -ffp-contract=off).
-#   K-quants: as matmul.pyx's kdot.
+#   K-quants: as mm_avx2.pyx's kdot.
 # AVX2 uses those same formulas for its tile shapes (decode and prefill), so one formula here matches them
 # (test_kernels_512.py names the one AVX2 tile where the compiler fused the min term).
 #
@@ -37,49 +38,18 @@
 # legacy types with n_tok == 1. K-quant decode (a row's super-block unpacking dominates it, and in a whole
 # model it streams from memory) and the float types stay on the AVX2 kernels (mm512 returns 0), as does a
 # call whose repack buffer cannot be allocated.
-from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.quant cimport block_q8a, block_q8k
+from llamacy.kernels.kunpack cimport unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
+from llamacy.kernels.traits cimport mm_try_fn, type_traits, writable_traits
 
-# Each thread that calls mm512 keeps one buffer for the repacked rows of the work items of its calls (one
-# slice per OpenMP thread), grown when a call needs more and freed when the thread ends: nothing is
-# allocated in the steady state, no page is faulted in per call, and the repacked rows need no stack.
-cdef extern from *:
-    """
-    #include <pthread.h>
-    #include <stdlib.h>
-    typedef struct { void* p; size_t n; } lc_scratch_t;
-    static pthread_key_t lc_scratch_key;
-    static pthread_once_t lc_scratch_once = PTHREAD_ONCE_INIT;
-    static int lc_scratch_ok = 0;
-    static void lc_scratch_free(void* v) { lc_scratch_t* s = (lc_scratch_t*)v; free(s->p); free(s); }
-    static void lc_scratch_init(void) { lc_scratch_ok = pthread_key_create(&lc_scratch_key, lc_scratch_free) == 0; }
-    /* This thread's buffer of at least n bytes (64-byte aligned, contents undefined); NULL if out of memory. */
-    static void* lc_scratch(size_t n) {
-        lc_scratch_t* s;
-        pthread_once(&lc_scratch_once, lc_scratch_init);
-        if (!lc_scratch_ok) return NULL;
-        s = (lc_scratch_t*)pthread_getspecific(lc_scratch_key);
-        if (s == NULL) {
-            s = (lc_scratch_t*)calloc(1, sizeof *s);
-            if (s == NULL) return NULL;
-            if (pthread_setspecific(lc_scratch_key, s) != 0) { free(s); return NULL; }
-        }
-        if (s->n < n) {
-            free(s->p);
-            s->n = (n + 65535) & ~(size_t)65535;
-            s->p = aligned_alloc(64, s->n);
-            if (s->p == NULL) s->n = 0;
-        }
-        return s->p;
-    }
-    """
-    void* lc_scratch(size_t n) nogil
+# Each thread that calls mm512 keeps one buffer for the repacked rows of its work items (scratch.h).
+cdef extern from "scratch.h" nogil:
+    void* lc_scratch(size_t n)
 
 
 cdef enum:
@@ -89,40 +59,12 @@ cdef enum:
     TCH = 64        # prefill: tokens per chunk (the chunk's activations stay in L2)
     PF_TILES = 2    # decode: prefetch distance, in tiles
     SCH = 16        # prefill: blocks per batch of scale products (ltile)
-    RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile_raw)
+    RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile from_blocks)
     COMPACT_TOK = 8  # Q2_K, Q3_K, Q6_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
 
 
-# One 32-value block of R rows, repacked: the quants as dpbusd takes them, the fp32 scale and min.
-#   Q4_0, Q5_0, Q8_0 (an offset, or signed quants): q holds the signed values (q - 8, q - 16, q), and the
-#     activations are the unsigned operand, biased by 128 (x + 128, one xor per token block); seed holds
-#     -128 * (sum of each 4 quants), the accumulator's start, so that dpbusd(seed, x + 128, q) is exactly
-#     the lane sum of q * x. Nothing per token block but the xor, nothing per row block but two loads.
-#   Q4_1, Q5_1 (unsigned quants, the min term apart): q holds the unsigned q, dpbusd(0, q, x); no seed.
-ctypedef struct lrec:
-    int8_t q[4][32]
-    int32_t seed[4][8]
-    float d[4]
-    float m[4]
-
-# One 256-value super-block of R rows, repacked: matmul.pyx's kunpacked, for 4 rows.
-ctypedef struct krec:
-    uint8_t u[4][256]
-    # per 32-value step j, what dpwssd multiplies step j's 16 int16 pair sums with:
-    #   Q4_K, Q5_K (one scale per 32 values): the int32 (sc_j << 16 | sc_j) at scx[r][2j], broadcast in ktile
-    #   Q2_K, Q3_K, Q6_K: the scale of group 2j in int16 lanes 0..7, of group 2j+1 in lanes 8..15
-    #     (expanded); or, with few tokens (n_tok <= COMPACT_TOK), just the 16 scales, expanded step by step
-    #     in ktile (one vpermw per row and step): 8 stores fewer per row and super-block, which is what
-    #     bounds the repacking, against 8 shuffles per row and super-block per tile.
-    int16_t scx[4][128]
-    int16_t off[4][16]
-    float d[4]
-    float doff[4]
-
-
-
-# Token counts of a prefill tile and row counts of a decode tile as types (see matmul.pyx's shapes): one C
+# Token counts of a prefill tile and row counts of a decode tile as types (see mm_avx2.pyx's shapes): one C
 # function per count, with the count a literal constant, so the compiler unrolls the r/t loops and keeps
 # the accumulators in registers.
 ctypedef struct tok1:
@@ -139,16 +81,6 @@ ctypedef fused tshape:
     tok2
     tok3
     tok4
-
-# How ktile finds the Q2_K/Q3_K/Q6_K scales (see krec): as types, so that each ktile is compiled for one.
-ctypedef struct scx_expanded:
-    char unused
-ctypedef struct scx_compact:
-    char unused
-
-ctypedef fused scxform:
-    scx_expanded
-    scx_compact
 
 ctypedef struct row1:
     char unused
@@ -178,502 +110,19 @@ cdef inline int nrows(const rshape* s) noexcept nogil:
         return R
 
 
-# =========================================================================================================
-# Legacy 32-value types (ACT_Q8A activations).
-
-
-# One weight block's quants as the unsigned operand of dpbusd: q (4/5-bit types), q + 128 (Q8_0).
-cdef inline __m256i load_u(const lblock* wb) noexcept nogil:
-    if lblock is block_q8_0:
-        return _mm256_xor_si256(_mm256_loadu_si256(<const __m256i*>wb.qs), _mm256_set1_epi8(-128))
-    elif lblock is block_q4_0 or lblock is block_q4_1:
-        return unpack_nibbles(wb.qs)
-    else:
-        return _mm256_or_si256(unpack_nibbles(wb.qs),
-                               _mm256_and_si256(unpack_bits(wb.qh), _mm256_set1_epi8(0x10)))
-
-
-# The accumulator seed for one token block in decode (as AVX2's token_offset): minus the offset's share
-# c * (sum of 4 x quants) per lane, so that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy; zero for
-# the types without an offset. (Prefill instead moves the offset to the weights: see lrec.)
-cdef inline __m256i token_seed(const lblock* tag, __m256i qy) noexcept nogil:
-    cdef __m256i zero = _mm256_setzero_si256()
-    if lblock is block_q4_0:
-        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(8), qy))
-    elif lblock is block_q5_0:
-        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(16), qy))
-    elif lblock is block_q8_0:
-        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), qy))
-    else:
-        return zero
-
-
-# True for the types whose repacked quants are signed (see lrec).
-cdef inline bint signed_q(const lblock* tag) noexcept nogil:
-    return lblock is block_q4_0 or lblock is block_q5_0 or lblock is block_q8_0
-
-
-# Row `w` (nb blocks) into slot r of the records dst[0..nb).
-cdef void repack_l(const lblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
-    cdef __m256i q
-    cdef __m256i zero = _mm256_setzero_si256()
-    cdef Py_ssize_t b
-    for b in range(nb):
-        if lblock is block_q8_0:
-            q = _mm256_loadu_si256(<const __m256i*>w[b].qs)
-        elif lblock is block_q4_0:
-            q = _mm256_sub_epi8(unpack_nibbles(w[b].qs), _mm256_set1_epi8(8))
-        elif lblock is block_q5_0:
-            q = _mm256_sub_epi8(load_u(w + b), _mm256_set1_epi8(16))
-        else:
-            q = load_u(w + b)
-        _mm256_storeu_si256(<__m256i*>dst[b].q[r], q)
-        if signed_q(w):
-            _mm256_storeu_si256(<__m256i*>dst[b].seed[r],
-                                _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), q)))
-        dst[b].d[r] = fp16(w[b].d)
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            dst[b].m[r] = fp16(w[b].m)
-
-
-# A slot with no row behind it (the last tile of a matrix whose row count is not a multiple of R): zeros,
-# computed on and never stored.
-cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
-    cdef Py_ssize_t b
-    for b in range(nb):
-        memset(dst[b].q[r], 0, 32)
-        memset(dst[b].seed[r], 0, 32)
-        dst[b].d[r] = 0.0
-        dst[b].m[r] = 0.0
-
-
-# The scale products of one block for a tile: sc[t * 4 + r] = d_w[r] * d_x[t], and the min terms
-# (Q4_1/Q5_1) ms[t][r] += m_w[r] * s_x[t]. Two tokens per 256-bit multiply: dx8 and mv8 hold the 4 rows'
-# d and m twice, [d0..d3, d0..d3], against [d_x(t) x 4, d_x(t+1) x 4]. The same products and sums in the
-# same order as one SSE multiply per token (each lane is its own (row, token)), in half the multiplies:
-# these share the two pipes that every dpbusd and FMA of the tile needs, and made a third of its time.
-# ms01 holds the min terms of tokens 0 (low half) and 1, ms23 those of 2 and 3; an odd last token uses ms.
-cdef inline void scale_products(const lblock* tag, const tshape* shape, __m256 dx8, __m256 mv8,
-                                const block_q8a* yb, Py_ssize_t nb, float* sc, __m128* ms,
-                                __m256* ms01, __m256* ms23) noexcept nogil:
-    cdef int T = ntoks(shape)
-    cdef int t
-    if T >= 2:
-        _mm256_storeu_ps(sc, _mm256_mul_ps(dx8, _mm256_set_m128(_mm_set1_ps(yb[nb].d), _mm_set1_ps(yb[0].d))))
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            # the min term, in block order: m_w * s_x rounded, then added
-            ms01[0] = _mm256_add_ps(ms01[0], _mm256_mul_ps(mv8, _mm256_set_m128(
-                _mm_set1_ps(yb[nb].s), _mm_set1_ps(yb[0].s))))
-    if T >= 4:
-        _mm256_storeu_ps(sc + 8, _mm256_mul_ps(dx8, _mm256_set_m128(
-            _mm_set1_ps(yb[3 * nb].d), _mm_set1_ps(yb[2 * nb].d))))
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms23[0] = _mm256_add_ps(ms23[0], _mm256_mul_ps(mv8, _mm256_set_m128(
-                _mm_set1_ps(yb[3 * nb].s), _mm_set1_ps(yb[2 * nb].s))))
-    if T % 2:
-        t = T - 1
-        _mm_storeu_ps(sc + t * 4, _mm_mul_ps(_mm256_castps256_ps128(dx8), _mm_set1_ps(yb[t * nb].d)))
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(_mm256_castps256_ps128(mv8), _mm_set1_ps(yb[t * nb].s)))
-
-
-# Token t's 4 min terms (see scale_products) into mo.
-cdef inline void min_terms(const tshape* shape, const __m128* ms, __m256 ms01, __m256 ms23, int t,
-                           float* mo) noexcept nogil:
-    cdef int T = ntoks(shape)
-    if t == T - 1 and T % 2:
-        _mm_storeu_ps(mo, ms[t])
-    elif t == 0:
-        _mm_storeu_ps(mo, _mm256_castps256_ps128(ms01))
-    elif t == 1:
-        _mm_storeu_ps(mo, _mm256_extractf128_ps(ms01, 1))
-    elif t == 2:
-        _mm_storeu_ps(mo, _mm256_castps256_ps128(ms23))
-    else:
-        _mm_storeu_ps(mo, _mm256_extractf128_ps(ms23, 1))
-
-
-# One prefill tile: the R repacked rows w[0..nb) x T tokens starting at y (nb blocks apart);
-# out[t * ldo + r] for r < nvalid.
-#
-# Per (row, token, block): one dpbusd, one int->float conversion and one FMA whose scale d_w * d_x comes
-# as a broadcast from memory. Those products are made first, for SCH blocks at a time (scale_products),
-# into the small buffer sc: broadcasting each from a register instead costs one or two shuffles per use,
-# and Zen 4's shuffle pipes are shared with the multipliers and the conversions.
-cdef void ltile(const lblock* tag, const tshape* shape, const lrec* w, const block_q8a* y, Py_ssize_t nb,
-                float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
-    cdef int T = ntoks(shape)
-    cdef __m256 acc[4][MAXT]
-    cdef __m128 ms[MAXT]
-    cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
-    cdef __m256i qx[4]
-    cdef __m256i sd[4]
-    cdef __m256i qy, isum
-    cdef __m256i zero = _mm256_setzero_si256()
-    cdef float sc[SCH * MAXT * 4]
-    cdef const float* s
-    cdef float mo[4]
-    cdef const block_q8a* yb
-    cdef int r, t
-    cdef Py_ssize_t b, b0, b1
-    for t in range(T):
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms[t] = _mm_setzero_ps()
-        for r in range(R):
-            acc[r][t] = _mm256_setzero_ps()
-    b0 = 0
-    while b0 < nb:
-        b1 = min(nb, b0 + SCH)
-        for b in range(b0, b1):
-            scale_products(tag, shape, _mm256_broadcast_ps(<const __m128*>w[b].d),
-                           _mm256_broadcast_ps(<const __m128*>w[b].m), y + b, nb, &sc[(b - b0) * MAXT * 4],
-                           ms, &ms01, &ms23)
-        lc_spill(sc)
-        for b in range(b0, b1):
-            for r in range(R):
-                qx[r] = _mm256_loadu_si256(<const __m256i*>w[b].q[r])
-                if signed_q(tag):
-                    sd[r] = _mm256_loadu_si256(<const __m256i*>w[b].seed[r])
-            for t in range(T):
-                yb = y + t * nb + b
-                qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
-                if signed_q(tag):
-                    qy = _mm256_xor_si256(qy, _mm256_set1_epi8(-128))  # x + 128
-                s = &sc[((b - b0) * MAXT + t) * 4]
-                for r in range(R):
-                    if signed_q(tag):
-                        isum = _mm256_dpbusd_epi32(sd[r], qy, qx[r])
-                    else:
-                        isum = _mm256_dpbusd_epi32(zero, qx[r], qy)
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]), _mm256_cvtepi32_ps(isum), acc[r][t])
-        b0 = b1
-    for t in range(T):
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            min_terms(shape, ms, ms01, ms23, t, mo)
-            for r in range(nvalid):
-                out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
-        else:
-            for r in range(nvalid):
-                out[t * ldo + r] = hsum8(acc[r][t])
-
-
-# One prefill tile for few tokens, straight from the weights as stored (no repacking: with few tokens
-# unpacking a block where it is used costs less than storing and reloading it): R rows from w (nb blocks
-# apart) x T tokens from y. Quants unsigned, offsets taken off per token block with token_seed (as decode
-# does); the scale products as in ltile, from the 4 rows' fp16 (d, m) pairs converted 8 at a time.
-cdef void ltile_raw(const lblock* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb,
-                    float* out, Py_ssize_t ldo) noexcept nogil:
-    cdef int T = ntoks(shape)
-    cdef __m256 acc[4][MAXT]
-    cdef __m128 ms[MAXT]
-    cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
-    cdef __m256i qx[4]
-    cdef __m256i qy, seed
-    cdef __m256 dm
-    cdef float sc[SCH * MAXT * 4]
-    cdef const float* s
-    cdef float mo[4]
-    cdef const block_q8a* yb
-    cdef int r, t
-    cdef Py_ssize_t b, b0, b1, k
-    # As in decode: the weights stream from memory once, and the hardware prefetchers lose the thread of
-    # R interleaved rows (Q8_0 lm_head, 4 tokens: 5.5 ms without this, 2.1 ms with the rows in cache).
-    cdef const char* pf = <const char*>(w + PF_TILES * R * nb)
-    cdef Py_ssize_t pfstep = R * sizeof(lblock)
-    for t in range(T):
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms[t] = _mm_setzero_ps()
-        for r in range(R):
-            acc[r][t] = _mm256_setzero_ps()
-    b0 = 0
-    while b0 < nb:
-        b1 = min(nb, b0 + SCH)
-        for b in range(b0, b1):
-            for k in range(0, pfstep, 64):
-                lc_prefetch(pf + b * pfstep + k)
-            # [d0, m0, d1, m1, d2, m2, d3, m3] (for the types without m, the odd lanes are unused)
-            dm = _mm256_cvtph_ps(_mm_set_epi32(
-                <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),
-                <int>load_u32(<const uint8_t*>(w + nb + b)), <int>load_u32(<const uint8_t*>(w + b))))
-            scale_products(w, shape, _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6)),
-                           _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)), y + b, nb,
-                           &sc[(b - b0) * MAXT * 4], ms, &ms01, &ms23)
-        lc_spill(sc)
-        for b in range(b0, b1):
-            for r in range(R):
-                qx[r] = load_u(w + r * nb + b)
-            for t in range(T):
-                yb = y + t * nb + b
-                qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
-                seed = token_seed(w, qy)
-                s = &sc[((b - b0) * MAXT + t) * 4]
-                for r in range(R):
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]),
-                                                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, qx[r], qy)),
-                                                acc[r][t])
-        b0 = b1
-    for t in range(T):
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            min_terms(shape, ms, ms01, ms23, t, mo)
-            for r in range(R):
-                out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
-        else:
-            for r in range(R):
-                out[t * ldo + r] = hsum8(acc[r][t])
-
-
-# One decode tile: R rows (from the weights as stored) x 1 token. The scales as in matmul.pyx's decode:
-# [d, m] converted with one F16C op and multiplied by [d_x, s] in one SSE multiply.
-cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssize_t nb,
-               float* out) noexcept nogil:
-    cdef int RR = nrows(shape)
-    cdef __m256 acc[4]
-    cdef __m128 ms[4]
-    cdef __m256i qy, seed
-    cdef __m128 u, v
-    cdef const lblock* wb
-    cdef const block_q8a* yb
-    cdef int r
-    cdef Py_ssize_t b, k
-    cdef const char* pf = <const char*>(w + PF_TILES * RR * nb)
-    cdef Py_ssize_t pfstep = RR * sizeof(lblock)
-    for r in range(RR):
-        acc[r] = _mm256_setzero_ps()
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms[r] = _mm_setzero_ps()
-    for b in range(nb):
-        # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
-        for k in range(0, pfstep, 64):
-            lc_prefetch(pf + b * pfstep + k)
-        yb = y + b
-        qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
-        u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_x, s, 0, 0]
-        seed = token_seed(w, qy)
-        for r in range(RR):
-            wb = w + r * nb + b
-            v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)
-            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(v),
-                                     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(wb), qy)), acc[r])
-            if lblock is block_q4_1 or lblock is block_q5_1:
-                ms[r] = _mm_add_ps(ms[r], v)
-    for r in range(RR):
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(ms[r]))
-        else:
-            out[r] = hsum8(acc[r])
-
-
-# =========================================================================================================
-# K-quants (ACT_Q8K activations). The unpacked form and the dot are matmul.pyx's (see its comments there):
-#   value_j = d * sc_g * u_j - doff * off_g,  dot = d_x * (d * sum_g sc_g sum u q - doff * sum_g off_g bsum_g)
-
-
-cdef inline __m256i move_bit(__m256i v, int frm, int to) noexcept nogil:
-    if frm > to:
-        return _mm256_srli_epi16(v, frm - to)
-    elif frm < to:
-        return _mm256_slli_epi16(v, to - frm)
-    return v
-
-
-# The 16 group scales S (int16) -> scx: step j's vector is S[2j] x 8 then S[2j+1] x 8 (one vpermw).
-cdef inline void expand_scales(__m256i S, int16_t* scx) noexcept nogil:
-    cdef int j
-    for j in range(8):
-        _mm256_storeu_si256(<__m256i*>&scx[16 * j], _mm256_permutexvar_epi16(
-            _mm256_setr_epi32(0x10001 * 2 * j, 0x10001 * 2 * j, 0x10001 * 2 * j, 0x10001 * 2 * j,
-                              0x10001 * (2 * j + 1), 0x10001 * (2 * j + 1), 0x10001 * (2 * j + 1),
-                              0x10001 * (2 * j + 1)), S))
-
-
-# Q4_K/Q5_K: the 12 packed bytes -> 8 scales (bytes 0..7) and 8 mins (bytes 8..15), in SSE registers
-# (matmul.pyx does it with 32-bit words). Reads 16 bytes from `packed`: the 4 after the scales are the
-# block's first quants, unused.
-#   sc 0..3 = q[0..3] & 63          sc 4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4
-#   m  0..3 = q[4..7] & 63          m  4..7 = (q[8..11] >> 4) | (q[4..7] >> 6) << 4
-cdef inline __m128i k4_scales_mins(const uint8_t* packed) noexcept nogil:
-    cdef __m128i q = _mm_loadu_si128(<const __m128i*>packed)
-    cdef __m128i a = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11))
-    cdef __m128i h = _mm_shuffle_epi8(q, _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3,
-                                                       -128, -128, -128, -128, 4, 5, 6, 7))
-    cdef __m128i lo = _mm_or_si128(
-        _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-        _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)))
-    # (h >> 6) << 4 per byte: a 16-bit shift by 2, keeping bits 4..5 (what crosses bytes lands in 6..7)
-    return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_setr_epi8(
-        0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30)))
-
-
-cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
-    cdef uint32_t a0, a1, a2
-    memcpy(&a0, packed, 4)
-    memcpy(&a1, packed + 4, 4)
-    memcpy(&a2, packed + 8, 4)
-    return _mm_set_epi32(
-        <int>(((a1 >> 4) & 0x0f0f0f0f) | (((a2 >> 6) & 0x03030303) << 4)),
-        <int>(((a0 >> 4) & 0x0f0f0f0f) | (((a2 >> 4) & 0x03030303) << 4)),
-        <int>((a1 & 0x0f0f0f0f) | (((a2 >> 2) & 0x03030303) << 4)),
-        <int>((a0 & 0x0f0f0f0f) | ((a2 & 0x03030303) << 4)))
-
-
-# One super-block into slot r of record k (matmul.pyx's unpack_k).
-cdef inline void unpack_k(const kblock* b, krec* k, int r, bint expand) noexcept nogil:
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i v, hb, a, c, S, O
-    cdef __m128i sm
-    cdef __m128 dd
-    cdef uint8_t* u = k.u[r]
-    cdef int j, n
-    if kblock is block_q2_K:
-        for n in range(2):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
-            for j in range(4):
-                _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32 * j),
-                                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)))
-        v = _mm256_cvtepu8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
-        S = _mm256_and_si256(v, _mm256_set1_epi16(0xF))
-        O = _mm256_srli_epi16(v, 4)
-        k.d[r] = fp16(b.d)
-        k.doff[r] = fp16(b.dmin)
-    elif kblock is block_q3_K:
-        hb = _mm256_loadu_si256(<const __m256i*>b.hmask)
-        for n in range(2):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * n))
-            for j in range(4):
-                _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32 * j), _mm256_or_si256(
-                    _mm256_and_si256(move_bit(v, 2 * j, 0), _mm256_set1_epi8(3)),
-                    _mm256_and_si256(move_bit(hb, 4 * n + j, 2), _mm256_set1_epi8(4))))
-        S = _mm256_sub_epi16(_mm256_cvtepu8_epi16(k3_scales(b.scales)), _mm256_set1_epi16(32))
-        O = _mm256_slli_epi16(S, 2)
-        k.d[r] = fp16(b.d)
-        k.doff[r] = k.d[r]
-    elif kblock is block_q4_K or kblock is block_q5_K:
-        if kblock is block_q5_K:
-            hb = _mm256_loadu_si256(<const __m256i*>b.qh)
-        for j in range(4):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
-            a = _mm256_and_si256(v, m4)
-            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-            if kblock is block_q5_K:
-                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
-                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
-            _mm256_storeu_si256(<__m256i*>(u + 64 * j), a)
-            _mm256_storeu_si256(<__m256i*>(u + 64 * j + 32), c)
-        sm = k4_scales_mins(b.scales)
-        O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
-        dd = _mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>b)))  # [d, dmin, ., .]
-        k.d[r] = _mm_cvtss_f32(dd)
-        k.doff[r] = _mm_cvtss_f32(_mm_movehdup_ps(dd))
-        # one scale per 32-value step: 8 int32 pairs (sc << 16 | sc) instead of 8 vectors (ktile broadcasts)
-        S = _mm256_cvtepu8_epi32(sm)
-        S = _mm256_or_si256(S, _mm256_slli_epi32(S, 16))
-    elif kblock is block_q6_K:
-        for n in range(2):
-            a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
-            c = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n + 32))
-            hb = _mm256_loadu_si256(<const __m256i*>(b.qh + 32 * n))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n), _mm256_or_si256(
-                _mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30))))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 32), _mm256_or_si256(
-                _mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 64), _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, _mm256_set1_epi8(0x30))))
-            _mm256_storeu_si256(<__m256i*>(u + 128 * n + 96), _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30))))
-        S = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
-        O = _mm256_slli_epi16(S, 5)
-        k.d[r] = fp16(b.d)
-        k.doff[r] = k.d[r]
-    _mm256_storeu_si256(<__m256i*>k.off[r], O)
-    if kblock is block_q4_K or kblock is block_q5_K or not expand:
-        _mm256_storeu_si256(<__m256i*>k.scx[r], S)
-    else:
-        expand_scales(S, k.scx[r])
-
-
-cdef void repack_k(const kblock* w, Py_ssize_t nb, krec* dst, int r, bint expand) noexcept nogil:
-    cdef Py_ssize_t b
-    for b in range(nb):
-        unpack_k(w + b, dst + b, r, expand)
-
-
-cdef void repack_k_empty(Py_ssize_t nb, krec* dst, int r) noexcept nogil:
-    cdef Py_ssize_t b
-    for b in range(nb):
-        memset(dst[b].u[r], 0, 256)
-        memset(dst[b].scx[r], 0, 256)
-        memset(dst[b].off[r], 0, 32)
-        dst[b].d[r] = 0.0
-        dst[b].doff[r] = 0.0
-
-
-# One prefill tile of a K-quant: the R repacked rows w[0..nb) x T tokens from y (nb super-blocks apart).
-# Per super-block the int32 lanes of every (row, token) are summed in registers with maddubs + dpwssd
-# (= AVX2's maddubs, madd, add), then scaled into float accumulators exactly as matmul.pyx's kdot.
-cdef void ktile(const kblock* tag, const tshape* shape, const scxform* form, const krec* w,
-                const block_q8k* y, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
-    cdef int T = ntoks(shape)
-    cdef bint same_d = kblock is block_q3_K or kblock is block_q6_K
-    cdef __m256 acc[4][MAXT]
-    cdef __m256i sumi[4][MAXT]
-    cdef __m256i ux[4]
-    cdef __m256i qy[MAXT]
-    cdef __m256i sc, o, bs, idx
-    cdef const krec* k
-    cdef const block_q8k* yb
-    cdef int r, t, j
-    cdef Py_ssize_t b
-    for r in range(R):
-        for t in range(T):
-            acc[r][t] = _mm256_setzero_ps()
-    for b in range(nb):
-        k = w + b
-        for r in range(R):
-            for t in range(T):
-                sumi[r][t] = _mm256_setzero_si256()
-        for j in range(8):
-            # int16 lanes 0..7 pick the scale of group 2j, lanes 8..15 that of group 2j + 1
-            idx = _mm256_add_epi16(_mm256_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001),
-                                   _mm256_set1_epi16(2 * j))
-            for r in range(R):
-                ux[r] = _mm256_loadu_si256(<const __m256i*>(k.u[r] + 32 * j))
-            for t in range(T):
-                qy[t] = _mm256_loadu_si256(<const __m256i*>((y + t * nb + b).qs + 32 * j))
-            for r in range(R):
-                if kblock is block_q4_K or kblock is block_q5_K:
-                    sc = _mm256_set1_epi32((<const int32_t*>k.scx[r])[j])
-                elif scxform is scx_expanded:
-                    sc = _mm256_loadu_si256(<const __m256i*>&k.scx[r][16 * j])
-                else:
-                    sc = _mm256_permutexvar_epi16(idx, _mm256_loadu_si256(<const __m256i*>k.scx[r]))
-                for t in range(T):
-                    sumi[r][t] = _mm256_dpwssd_epi32(sumi[r][t], _mm256_maddubs_epi16(ux[r], qy[t]), sc)
-        for t in range(T):
-            yb = y + t * nb + b
-            bs = _mm256_loadu_si256(<const __m256i*>yb.bsums)
-            for r in range(R):
-                o = _mm256_madd_epi16(_mm256_loadu_si256(<const __m256i*>k.off[r]), bs)
-                if same_d:
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(k.d[r] * yb.d),
-                                                _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r][t], o)), acc[r][t])
-                else:
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(k.d[r] * yb.d),
-                                                _mm256_cvtepi32_ps(sumi[r][t]), acc[r][t])
-                    acc[r][t] = _mm256_fnmadd_ps(_mm256_set1_ps(k.doff[r] * yb.d),
-                                                 _mm256_cvtepi32_ps(o), acc[r][t])
-    for t in range(T):
-        for r in range(nvalid):
-            out[t * ldo + r] = hsum8(acc[r][t])
+include "matmul512_legacy.pxi"
+include "matmul512_kquant.pxi"
 
 
 # =========================================================================================================
 # Drivers
 
 
-# One tile of any quantized type: repacked row tile wt x T tokens from X + t0.
-cdef inline void qtile(const qblock* tag, const tshape* shape, const void* wt, const void* X, Py_ssize_t t0,
-                       Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid, bint expanded) noexcept nogil:
+# One tile of any quantized type: row tile wt (repacked, or for a legacy type from_blocks the rows as
+# stored) x T tokens from X + t0.
+cdef inline void qtile(const qblock* tag, const tshape* shape, const lsource* src, const void* wt,
+                       const void* X, Py_ssize_t t0, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid,
+                       bint expanded) noexcept nogil:
     if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
             or qblock is block_q6_K:
         if expanded:
@@ -683,7 +132,7 @@ cdef inline void qtile(const qblock* tag, const tshape* shape, const void* wt, c
             ktile(tag, shape, <const scx_compact*>NULL, <const krec*>wt, <const block_q8k*>X + t0 * nb, nb, out,
                   ldo, nvalid)
     else:
-        ltile(tag, shape, <const lrec*>wt, <const block_q8a*>X + t0 * nb, nb, out, ldo, nvalid)
+        ltile(tag, shape, src, wt, <const block_q8a*>X + t0 * nb, nb, out, ldo, nvalid)
 
 
 # Rows [r0, r0 + R) (those below `rows`; zeros for the others) into the records of row tile wt.
@@ -704,21 +153,21 @@ cdef inline void repack_tile(const qblock* W, Py_ssize_t rows, Py_ssize_t r0, Py
                 repack_l_empty(nb, <lrec*>wt, r)
 
 
-# Repacked row tile wt (output rows from r0, nvalid of them) against tokens [t0, t1): tiles of 4 tokens,
-# then one of the 1-3 left.
-cdef inline void tile_tokens(const qblock* W, const void* wt, const void* X, Py_ssize_t t0, Py_ssize_t t1,
-                             Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0, int nvalid,
+# Row tile wt (output rows from r0, nvalid of them) against tokens [t0, t1): tiles of 4 tokens, then one of
+# the 1-3 left.
+cdef inline void tile_tokens(const qblock* W, const lsource* src, const void* wt, const void* X, Py_ssize_t t0,
+                             Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0, int nvalid,
                              bint expanded) noexcept nogil:
     cdef Py_ssize_t t = t0
     while t + 4 <= t1:
-        qtile(W, <const tok4*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok4*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
         t += 4
     if t1 - t == 3:
-        qtile(W, <const tok3*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok3*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
     elif t1 - t == 2:
-        qtile(W, <const tok2*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok2*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
     elif t1 - t == 1:
-        qtile(W, <const tok1*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok1*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
 
 
 # Prefill work item g: rows [g*G, g*G + G), repacked into buf (rec bytes per block of R rows), against every
@@ -735,7 +184,7 @@ cdef void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X
     if n_tok <= TCH:
         for i in range(ntiles):
             repack_tile(W, r1, r0 + i * R, nb, buf + i * nb * rec, expand)
-            tile_tokens(W, buf + i * nb * rec, X, 0, n_tok, nb, Y, ldy, r0 + i * R,
+            tile_tokens(W, <const from_records*>NULL, buf + i * nb * rec, X, 0, n_tok, nb, Y, ldy, r0 + i * R,
                         <int>min(<Py_ssize_t>R, r1 - r0 - i * R), expand)
         return
     for i in range(ntiles):
@@ -744,20 +193,19 @@ cdef void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)
         for i in range(ntiles):
-            tile_tokens(W, buf + i * nb * rec, X, t0, t1, nb, Y, ldy, r0 + i * R,
+            tile_tokens(W, <const from_records*>NULL, buf + i * nb * rec, X, t0, t1, nb, Y, ldy, r0 + i * R,
                         <int>min(<Py_ssize_t>R, r1 - r0 - i * R), expand)
         t0 = t1
 
 
-# bufs: nthreads slices of `stride` bytes, one per thread.
+# buf: the repacked rows of one work item (G rows).
 cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
-                     float* Y, Py_ssize_t ldy, int nthreads, Py_ssize_t G, char* bufs,
-                     Py_ssize_t stride) noexcept nogil:
+                     float* Y, Py_ssize_t ldy, Py_ssize_t G, char* buf) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
     cdef Py_ssize_t rec = sizeof(krec) if qblock is block_q2_K or qblock is block_q3_K \
         or qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K else sizeof(lrec)
     for g in range(ngroups):
-        q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, bufs, rec)
+        q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, buf, rec)
 
 
 # Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at
@@ -765,17 +213,9 @@ cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void
 cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
                              Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
     cdef Py_ssize_t r = g * R
-    cdef Py_ssize_t t = 0
+    cdef Py_ssize_t t
     if r + R <= rows:
-        while t + 4 <= n_tok:
-            ltile_raw(W + r * nb, <const tok4*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
-            t += 4
-        if n_tok - t == 3:
-            ltile_raw(W + r * nb, <const tok3*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
-        elif n_tok - t == 2:
-            ltile_raw(W + r * nb, <const tok2*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
-        elif n_tok - t == 1:
-            ltile_raw(W + r * nb, <const tok1*>NULL, X + t * nb, nb, Y + t * ldy + r, ldy)
+        tile_tokens(W, <const from_blocks*>NULL, W + r * nb, X, 0, n_tok, nb, Y, ldy, r, R, False)
     else:
         while r < rows:
             for t in range(n_tok):
@@ -784,7 +224,7 @@ cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, co
 
 
 cdef void mm_raw(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
-                 float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+                 float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
     for g in range(ngroups):
         l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
@@ -802,8 +242,8 @@ cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb,
             r += 1
 
 
-cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, float* Y,
-                    int nthreads) noexcept nogil:
+cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+                    float* Y) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
     for g in range(ngroups):
         l_decode_group(W, rows, nb, X, Y, g)
@@ -820,84 +260,54 @@ cdef inline Py_ssize_t group_rows(Py_ssize_t row_bytes) noexcept nogil:
     return tiles * R
 
 
-cdef int mm512(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
-               Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
-    cdef bint legacy = (wtype == T_Q4_0 or wtype == T_Q4_1 or wtype == T_Q5_0 or wtype == T_Q5_1
-                        or wtype == T_Q8_0)
-    cdef bint kq = (wtype == T_Q2_K or wtype == T_Q3_K or wtype == T_Q4_K or wtype == T_Q5_K
-                    or wtype == T_Q6_K)
-    cdef Py_ssize_t nb, G, rec, stride
-    cdef char* bufs
-    cdef const block_q8a* Xa = <const block_q8a*>xq
-    if rows <= 0 or n_tok <= 0 or not (legacy or kq):
+# The VNNI product of one quantized type (the mm_vnni column of traits.pyx); 0 where it leaves the case to
+# the AVX2 kernels: K-quant decode, or no memory for the repacked rows.
+cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok, float* Y,
+               Py_ssize_t ldy) noexcept nogil:
+    cdef bint kq = qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K \
+        or qblock is block_q5_K or qblock is block_q6_K
+    cdef Py_ssize_t nb = cols // (QK_K if kq else QK8_0)
+    cdef Py_ssize_t G, rec
+    cdef char* buf
+    if rows <= 0 or n_tok <= 0 or nb <= 0:
         return 0
-    if nthreads < 1:
-        nthreads = 1
-    nb = cols // (QK8_0 if legacy else QK_K)
-    if nb <= 0:
+    if qblock is block_q4_0 or qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 \
+            or qblock is block_q8_0:
+        if n_tok == 1:
+            mm_decode(W, rows, nb, <const block_q8a*>X, Y)
+            return 1
+        if n_tok <= RAW_TOK:
+            mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
+            return 1
+    elif n_tok == 1:
         return 0
-    if n_tok == 1:
-        if not legacy:
-            return 0
-        if wtype == T_Q4_0:
-            mm_decode(<const block_q4_0*>W, rows, nb, Xa, Y, nthreads)
-        elif wtype == T_Q4_1:
-            mm_decode(<const block_q4_1*>W, rows, nb, Xa, Y, nthreads)
-        elif wtype == T_Q5_0:
-            mm_decode(<const block_q5_0*>W, rows, nb, Xa, Y, nthreads)
-        elif wtype == T_Q5_1:
-            mm_decode(<const block_q5_1*>W, rows, nb, Xa, Y, nthreads)
-        else:
-            mm_decode(<const block_q8_0*>W, rows, nb, Xa, Y, nthreads)
-        return 1
-    if legacy and n_tok <= RAW_TOK:
-        if wtype == T_Q4_0:
-            mm_raw(<const block_q4_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        elif wtype == T_Q4_1:
-            mm_raw(<const block_q4_1*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        elif wtype == T_Q5_0:
-            mm_raw(<const block_q5_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        elif wtype == T_Q5_1:
-            mm_raw(<const block_q5_1*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        else:
-            mm_raw(<const block_q8_0*>W, rows, nb, Xa, n_tok, Y, ldy, nthreads)
-        return 1
-    rec = sizeof(lrec) if legacy else sizeof(krec)
+    rec = sizeof(krec) if kq else sizeof(lrec)
     G = group_rows(nb * rec // R)
-    stride = (G // R * nb * rec + 63) // 64 * 64
-    bufs = <char*>lc_scratch(stride * nthreads)
-    if bufs == NULL:
+    buf = <char*>lc_scratch(G // R * nb * rec)
+    if buf == NULL:
         return 0  # out of memory: AVX2 needs none
-    if wtype == T_Q4_0:
-        mm_prefill(<const block_q4_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q4_1:
-        mm_prefill(<const block_q4_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q5_0:
-        mm_prefill(<const block_q5_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q5_1:
-        mm_prefill(<const block_q5_1*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q8_0:
-        mm_prefill(<const block_q8_0*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q2_K:
-        mm_prefill(<const block_q2_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q3_K:
-        mm_prefill(<const block_q3_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q4_K:
-        mm_prefill(<const block_q4_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    elif wtype == T_Q5_K:
-        mm_prefill(<const block_q5_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
-    else:
-        mm_prefill(<const block_q6_K*>W, rows, nb, xq, n_tok, Y, ldy, nthreads, G, bufs, stride)
+    mm_prefill(W, rows, nb, X, n_tok, Y, ldy, G, buf)
     return 1
 
 
 # =========================================================================================================
-# Python surface: only the address of mm512, for matmul.pyx (see matmul512.pxd). Importing this module runs
-# no AVX-512 code of its own; still, matmul imports it only on a CPU that has AVX-512.
-
-MM512_CAPSULE = "llamacy.kernels.matmul512.mm512"
+# Python surface: matmul.pyx calls fill_traits once, on a CPU that has AVX-512 F/BW/VL + VNNI. Importing
+# this module runs no AVX-512 code of its own; still, matmul imports it only on such a CPU.
 
 
-def kernel_capsule():
-    """A PyCapsule holding the address of mm512 (an mm512_fn), named MM512_CAPSULE."""
-    return PyCapsule_New(<void*>mm512, "llamacy.kernels.matmul512.mm512", NULL)
+cdef void vnni(int wtype, mm_try_fn fn) noexcept:
+    writable_traits(wtype).mm_vnni = fn
+
+
+def fill_traits():
+    """Write these kernels into the traits table's mm_vnni column."""
+    vnni(T_Q4_0, <mm_try_fn>mm512[block_q4_0])
+    vnni(T_Q4_1, <mm_try_fn>mm512[block_q4_1])
+    vnni(T_Q5_0, <mm_try_fn>mm512[block_q5_0])
+    vnni(T_Q5_1, <mm_try_fn>mm512[block_q5_1])
+    vnni(T_Q8_0, <mm_try_fn>mm512[block_q8_0])
+    vnni(T_Q2_K, <mm_try_fn>mm512[block_q2_K])
+    vnni(T_Q3_K, <mm_try_fn>mm512[block_q3_K])
+    vnni(T_Q4_K, <mm_try_fn>mm512[block_q4_K])
+    vnni(T_Q5_K, <mm_try_fn>mm512[block_q5_K])
+    vnni(T_Q6_K, <mm_try_fn>mm512[block_q6_K])

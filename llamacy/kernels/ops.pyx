@@ -12,8 +12,6 @@ from libc.string cimport memcpy
 
 from llamacy.kernels.simd cimport _cvtss_sh
 
-import numpy as np
-
 
 cdef extern from "attention.h" nogil:
     float lc_dot_f32(const float* a, const float* b, Py_ssize_t n)
@@ -140,50 +138,3 @@ cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) n
             h[i] = _cvtss_sh(src[i], 0)
     else:
         memcpy(dst, src, n * sizeof(float))
-
-
-# Python-level twins, for the tests that check these against numpy.
-def py_rmsnorm(float[::1] x, float[::1] w, float eps):
-    out = np.empty(x.shape[0], dtype=np.float32)
-    cdef float[::1] o = out
-    rmsnorm(&x[0], &w[0], &o[0], x.shape[0], eps)
-    return out
-
-
-def py_rope(float[:, ::1] x, Py_ssize_t n_rot, float pos, float base, int mode):
-    """Rotate each row of x (n_heads x head_dim) in place for position pos."""
-    if n_rot > x.shape[1] or n_rot % 2:
-        raise ValueError("n_rot must be even and at most head_dim")
-    cs = np.empty(n_rot, dtype=np.float32)
-    cdef float[::1] c = cs
-    rope_table(&c[0], n_rot, pos, base, 1.0, NULL)
-    rope(&x[0, 0], x.shape[0], x.shape[1], n_rot, &c[0], mode)
-
-
-def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
-    """K, V: [positions, head_dim] float32, or float16 (a half-precision cache)."""
-    K = np.ascontiguousarray(K)
-    V = np.ascontiguousarray(V)
-    if K.dtype != V.dtype or K.dtype not in (np.float32, np.float16) or K.ndim != 2 or V.ndim != 2:
-        raise ValueError("K and V must be 2-D, both float32 or both float16")
-    if not (0 <= first <= last < K.shape[0]) or K.shape[0] != V.shape[0]:
-        raise ValueError("bad attention range")
-    if q.shape[0] != K.shape[1] or K.shape[1] != V.shape[1]:
-        raise ValueError("head_dim mismatch")
-    cdef bint f16 = K.dtype == np.float16
-    cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
-    cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
-    scores = np.empty(K.shape[0], dtype=np.float32)
-    out = np.empty(K.shape[1], dtype=np.float32)
-    cdef float[::1] s = scores, o = out
-    attend(&q[0], &kb[0], &vb[0], first, last, K.shape[1], scale, softcap, &s[0], &o[0], f16)
-    return out
-
-
-def py_store_kv_row(float[::1] x, bint kv_f16):
-    """x as store_kv_row writes it into a cache of that type (float32 or float16 array)."""
-    out = np.empty(x.shape[0], dtype=np.float16 if kv_f16 else np.float32)
-    cdef uint8_t[::1] ob = out.view(np.uint8)
-    if x.shape[0]:
-        store_kv_row(&ob[0], &x[0], x.shape[0], kv_f16)
-    return out

@@ -117,7 +117,7 @@ cdef extern from "simd.h" nogil:
     float lc_no_contract(float x)
 
 
-# Horizontal sums and small helpers shared by quant.pyx and matmul.pyx.
+# Horizontal sums and small helpers shared by the kernels.
 cdef inline float hsum8(__m256 v) noexcept nogil:
     cdef __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))
     s = _mm_add_ps(s, _mm_movehl_ps(s, s))
@@ -141,6 +141,14 @@ cdef inline int hsum8_epi32(__m256i v) noexcept nogil:
 
 cdef inline float fp16(unsigned short h) noexcept nogil:
     return _cvtsh_ss(h)
+
+
+# bfloat16 is the upper half of an IEEE single: exact.
+cdef inline float bf16_to_f32(unsigned short h) noexcept nogil:
+    cdef uint32_t bits = (<uint32_t>h) << 16
+    cdef float f
+    memcpy(&f, &bits, 4)
+    return f
 
 
 # ---- block unpacking shared by the AVX2 and AVX-512 kernels ------------------------------------------

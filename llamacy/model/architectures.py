@@ -11,13 +11,25 @@ from collections.abc import Callable
 from typing import Any
 
 from llamacy.errors import UnsupportedModelError
-from llamacy.model.config import ROPE_NEOX, ROPE_NORM, MetadataReader, ModelConfig, common_hparams
+from llamacy.model.config import (
+    ROPE_NEOX,
+    ROPE_NORM,
+    MetadataReader,
+    ModelConfig,
+    common_hparams,
+    expert_hparams,
+)
 
 
 def llama(md: dict[str, Any], source: str) -> ModelConfig:
     # Llama 1/2/3, SmolLM, TinyLlama, Mistral: convert_hf_to_gguf permutes Q/K so RoPE rotates pairs.
+    # Mixtral is llama with experts: top-k of the router logits, softmax over those k (= softmax over all,
+    # renormalised over the k chosen).
     scale = MetadataReader(md, "llama", source).float("attention.scale", 0.0)
-    return ModelConfig(**common_hparams(md, "llama", source), rope_mode=ROPE_NORM, attn_scale=scale)
+    experts = expert_hparams(md, "llama", source, norm=True)
+    return ModelConfig(
+        **common_hparams(md, "llama", source), **experts, rope_mode=ROPE_NORM, attn_scale=scale
+    )
 
 
 def qwen2(md: dict[str, Any], source: str) -> ModelConfig:
@@ -26,6 +38,25 @@ def qwen2(md: dict[str, Any], source: str) -> ModelConfig:
 
 def qwen3(md: dict[str, Any], source: str) -> ModelConfig:
     return ModelConfig(**common_hparams(md, "qwen3", source), rope_mode=ROPE_NEOX, qk_norm=True)
+
+
+def qwen2moe(md: dict[str, Any], source: str) -> ModelConfig:
+    # Qwen1.5-MoE / Qwen2-MoE: routed weights not renormalised (llama.cpp's build_moe_ffn, norm_w false),
+    # plus a shared expert scaled by sigmoid(ffn_gate_inp_shexp . x).
+    experts = expert_hparams(md, "qwen2moe", source, norm=False)
+    if not experts:
+        raise UnsupportedModelError(f"{source}: qwen2moe.expert_count is missing")
+    return ModelConfig(
+        **common_hparams(md, "qwen2moe", source), **experts, rope_mode=ROPE_NEOX, qkv_bias=True
+    )
+
+
+def qwen3moe(md: dict[str, Any], source: str) -> ModelConfig:
+    # Qwen3 MoE: routed weights renormalised over the chosen experts (norm_topk_prob).
+    experts = expert_hparams(md, "qwen3moe", source, norm=True)
+    if not experts:
+        raise UnsupportedModelError(f"{source}: qwen3moe.expert_count is missing")
+    return ModelConfig(**common_hparams(md, "qwen3moe", source), **experts, rope_mode=ROPE_NEOX, qk_norm=True)
 
 
 def gemma3(md: dict[str, Any], source: str) -> ModelConfig:
@@ -60,6 +91,8 @@ ARCHITECTURES: dict[str, Callable[[dict[str, Any], str], ModelConfig]] = {
     "llama": llama,
     "qwen2": qwen2,
     "qwen3": qwen3,
+    "qwen2moe": qwen2moe,
+    "qwen3moe": qwen3moe,
     "gemma3": gemma3,
 }
 

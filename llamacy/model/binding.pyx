@@ -51,12 +51,27 @@ cdef class BoundWeights:
             L.up = self._matrix(d.up)
             L.down = self._matrix(d.down)
             L.post_ffn_norm = self._vector(d.post_ffn_norm)
+            L.gate_inp = self._matrix(d.gate_inp)
+            L.gate_exps = self._matrix(d.gate_exps)
+            L.up_exps = self._matrix(d.up_exps)
+            L.down_exps = self._matrix(d.down_exps)
+            L.gate_shexp = self._matrix(d.gate_shexp)
+            L.up_shexp = self._matrix(d.up_shexp)
+            L.down_shexp = self._matrix(d.down_shexp)
+            L.gate_inp_shexp = self._vector(d.gate_inp_shexp)
             L.window = d.window
             L.rope_base = d.rope_base
             L.rope_freq_scale = d.rope_freq_scale
 
     cdef WeightT _matrix(self, object m) except *:
         cdef WeightT w
+        if m is None:  # a matrix this layer does not have: rows 0
+            w.data = NULL
+            w.type = 0
+            w.rows = 0
+            w.cols = 0
+            w.row_bytes = 0
+            return w
         cdef const uint8_t[::1] mv = m.data
         if mv.shape[0] < m.rows * m.row_bytes:
             raise ValueError("weight buffer smaller than its rows")

@@ -45,6 +45,13 @@ class ModelConfig:
     layer_window: list[int] = field(default_factory=list)
     layer_rope_base: list[float] = field(default_factory=list)
     layer_rope_freq_scale: list[float] = field(default_factory=list)
+    # Mixture of experts (0 experts: a dense model). Each layer routes a token to n_expert_used of
+    # n_expert feed-forward blocks of width n_ff_exp; n_ff_shexp > 0 adds a shared expert (qwen2moe).
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    expert_norm: bool = False  # renormalise the chosen experts' weights to sum to 1
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -59,6 +66,16 @@ class ModelConfig:
     @property
     def kv_width(self) -> int:
         return self.n_head_kv * self.head_dim
+
+    @property
+    def ffn_params(self) -> tuple[int, int]:
+        """Feed-forward weights per layer: (stored, read for one token). Equal for a dense model; a mixture
+        stores every expert but a token reads the router, its n_expert_used experts and the shared one."""
+        if not self.n_expert:
+            return 3 * self.n_embd * self.n_ff, 3 * self.n_embd * self.n_ff
+        expert, shared = 3 * self.n_embd * self.n_ff_exp, 3 * self.n_embd * self.n_ff_shexp
+        fixed = self.n_expert * self.n_embd + shared + (self.n_embd if self.n_ff_shexp else 0)
+        return fixed + self.n_expert * expert, fixed + self.n_expert_used * expert
 
     def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16") -> int:
         """Memory of a KV cache of kv_type (kv_types.KV_TYPES) for n_ctx positions of n_seq sequences."""
@@ -95,6 +112,23 @@ class MetadataReader:
         if not math.isfinite(value):
             raise UnsupportedModelError(f"{self.source}: {self.arch}.{key} is not finite")
         return value
+
+
+def expert_hparams(metadata: dict[str, Any], arch: str, source: str, norm: bool) -> dict[str, Any]:
+    """The mixture-of-experts keys ({arch}.expert_*), as ModelConfig keyword arguments; none for a file
+    without experts. norm: whether the architecture renormalises the chosen experts' weights."""
+    r = MetadataReader(metadata, arch, source)
+    n_expert = r.int("expert_count", 0, minimum=0, maximum=4096)
+    if not n_expert:
+        return {}
+    used = r.int("expert_used_count", maximum=n_expert)
+    return dict(
+        n_expert=n_expert,
+        n_expert_used=used,
+        n_ff_exp=r.int("expert_feed_forward_length", r.int("feed_forward_length")),
+        n_ff_shexp=r.int("expert_shared_feed_forward_length", 0, minimum=0),
+        expert_norm=norm,
+    )
 
 
 def common_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from llamacy.kernels.quant cimport act_format, dequantize_row
 from llamacy.model.attention cimport AttnJob, attend_rows, warm_kv
 from llamacy.model.binding cimport BoundWeights
 from llamacy.model.layout cimport ACT_GELU, ACT_SILU, HParams, KVRows, LayerT, Scratch, WeightT
+from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
 from llamacy.model.rowjobs cimport RowJob, act_rows, norm_rows, qkv_rows, quant_rows, residual_rows
 from llamacy.model.scratch cimport ScratchSpace
 
@@ -36,7 +37,8 @@ cdef enum:
     P_ATTN = 5
     P_QUANT = 6
     P_ELEM = 7
-    N_PROF = 8
+    P_MOE = 8
+    N_PROF = 9
 
 PROFILE_NAMES = (
     "matmul attn q/k/v",
@@ -47,6 +49,7 @@ PROFILE_NAMES = (
     "attention",
     "quantize activations",
     "norms, rope, residuals",
+    "mixture of experts",
 )
 
 # Deep into a long prompt a micro-batch's attention work grows with the position: micro-batches shrink so
@@ -72,6 +75,8 @@ cdef class Forward:
     cdef KVRows kv
     cdef RowJob rj
     cdef AttnJob aj
+    cdef MoeSpace moe  # None for a dense model
+    cdef MoeJob* mj    # its job; NULL for a dense model
     cdef bint profiling
     cdef double prof[N_PROF]
     cdef double last_mark
@@ -87,14 +92,20 @@ cdef class Forward:
             raise ValueError(f"unknown activation {cfg.activation!r}")
         self.hp = {**vars(cfg), "act": acts[cfg.activation]}  # by field name (see layout.pxd)
         self.w = BoundWeights(weights)
-        self.scratch = ScratchSpace(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_rot,
-                                    ubatch, n_ctx_max, threads_max)
+        # A mixture-of-experts model has no dense feed-forward: its activations are MoeSpace's.
+        self.scratch = ScratchSpace(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
+                                    1 if cfg.n_expert else cfg.n_ff, cfg.n_rot, ubatch, n_ctx_max, threads_max)
         self.rj.hp = &self.hp
         self.rj.s = &self.scratch.s
         self.rj.kv = &self.kv
         self.aj.hp = &self.hp
         self.aj.s = &self.scratch.s
         self.aj.kv = &self.kv
+        self.mj = NULL
+        if cfg.n_expert:
+            self.moe = MoeSpace(cfg, ubatch)
+            self.mj = &self.moe.job
+            self.mj.hp = &self.hp
 
     @property
     def ubatch_size(self) -> int:
@@ -268,7 +279,13 @@ cdef class Forward:
             # x += post_attn_norm(o), then the feed-forward block's input norm, in one pass per token.
             residual_rows(rj, s.x, s.o, L.post_attn_norm, L.ffn_norm, s.xn, E, n, nthreads)
 
-            # Feed-forward block.
+            # Feed-forward block: a mixture of experts, or dense.
+            if L.gate_inp.rows:
+                self._lap(P_ELEM)
+                moe_ffn(self.mj, rj, L, s.xn, s.aq, s.o, n, nthreads)
+                self._lap(P_MOE)
+                residual_rows(rj, s.x, s.o, L.post_ffn_norm, NULL, NULL, E, n, nthreads)
+                continue
             fmt = -1
             self._matmul(&L.gate, s.xn, E, n, s.g, &fmt, nthreads, P_MM_UP)
             self._matmul(&L.up, s.xn, E, n, s.u, &fmt, nthreads, P_MM_UP)

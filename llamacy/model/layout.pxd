@@ -13,6 +13,9 @@ ctypedef struct HParams:
     int rope_mode
     int act                   # ACT_SILU or ACT_GELU, from ModelConfig.activation
     float rms_eps, embd_scale, attn_scale, final_softcap
+    # Mixture of experts (n_expert 0: dense): see ModelConfig.
+    Py_ssize_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp
+    bint expert_norm
 
 # One weight matrix as the kernels see it: `rows` stored rows of `cols` values of GGML type `type`.
 ctypedef struct WeightT:
@@ -22,7 +25,8 @@ ctypedef struct WeightT:
     Py_ssize_t cols
     Py_ssize_t row_bytes
 
-# One block, bound from a weights.LayerWeights record of the same field names.
+# One block, bound from a weights.LayerWeights record of the same field names. A matrix the layer does not
+# have (the dense feed-forward of a mixture-of-experts layer, the experts of a dense one) has rows 0.
 ctypedef struct LayerT:
     const float* attn_norm
     WeightT wq
@@ -40,6 +44,16 @@ ctypedef struct LayerT:
     WeightT up
     WeightT down
     const float* post_ffn_norm
+    # Mixture of experts: the router and the stacked experts (rows 0 = none: a dense layer); the shared
+    # expert and its gate vector (rows 0 / NULL = none).
+    WeightT gate_inp
+    WeightT gate_exps
+    WeightT up_exps
+    WeightT down_exps
+    WeightT gate_shexp
+    WeightT up_shexp
+    WeightT down_shexp
+    const float* gate_inp_shexp
     Py_ssize_t window        # sliding-window size in positions; 0 = attends to the whole context
     float rope_base
     float rope_freq_scale

@@ -13,20 +13,22 @@ from llamacy.scheduler.plan import Running
 from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
 
 
-def advance(s: Running, row: np.ndarray, context_full: bool) -> Step:
+def advance(s: Running, row: np.ndarray, context_full: bool, room: int = 1) -> Step:
     """Sample the next token of s from its logits row and send the text that is now safe to show. The
-    caller finishes s when the step has a finish_reason."""
+    caller finishes s when the step has a finish_reason. room: tokens the slot's cache can still take."""
     if s.t_first is None:
         s.t_first = time.perf_counter()
-    step = s.state.step(row, context_full)
+    step = s.state.step(row, context_full, room)
     if step.token is not None:
         s.unsent.append(step.token)
+        s.unsent.extend(step.forced)
         if step.logprob is not None:
             s.unsent_lp.append(step.logprob)
         if step.piece:
             send(s, step.piece)
         if step.finish_reason is None:
             s.next_token = step.token
+            s.next_forced = step.forced
     return step
 
 

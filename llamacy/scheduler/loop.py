@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from llamacy.errors import UsageError
+from llamacy.errors import UsageError, require_range
 from llamacy.generation import SequenceState, check_prompt
 from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler
@@ -46,10 +46,8 @@ class Scheduler:
         queue_size: int = 64,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
-        if n_parallel < 1:
-            raise UsageError(f"--parallel must be at least 1, got {n_parallel}")
-        if queue_size < 1:
-            raise UsageError(f"--queue-size must be at least 1, got {queue_size}")
+        require_range("--parallel", n_parallel, 1)
+        require_range("--queue-size", queue_size, 1)
         if prefill_chunk < 1:
             raise UsageError(f"the prefill chunk must be at least 1 token, got {prefill_chunk}")
         self.n_ctx = n_ctx or llm.n_ctx  # per sequence
@@ -117,10 +115,10 @@ class Scheduler:
         """Queue a request. Raises UsageError/ContextOverflowError for a request that can never run,
         QueueFull when the queue is full, SchedulerClosed after shutdown."""
         check_prompt(request.prompt, self.n_ctx, self.n_vocab, self.n_ctx_train)
-        if request.max_tokens is not None and request.max_tokens < 0:
-            raise UsageError(f"max_tokens must be at least 0, got {request.max_tokens}")
-        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
-            raise UsageError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {request.logprobs}")
+        if request.max_tokens is not None:
+            require_range("max_tokens", request.max_tokens, 0)
+        if request.logprobs is not None:
+            require_range("logprobs", request.logprobs, 0, MAX_LOGPROBS)
         # Built now so that bad sampling options fail here and the seed is known from the start.
         sampler = Sampler(request.params, self.n_vocab)
         handle = Handle(request, sampler.seed, listener, wake=self._wake)
@@ -225,7 +223,14 @@ class Scheduler:
             frozenset() if req.ignore_eos else req.stop_ids if req.stop_ids is not None else self.eog_ids
         )
         state = SequenceState(
-            prompt, sampler, self.tokenizer, req.stop, stop_ids, req.max_tokens, req.logprobs
+            prompt,
+            sampler,
+            self.tokenizer,
+            req.stop,
+            stop_ids,
+            req.max_tokens,
+            req.logprobs,
+            constraint=req.constraint,
         )
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep
@@ -260,12 +265,13 @@ class Scheduler:
         n_generated = 0
         for row, s in enumerate(plan.owners):
             try:
-                step = advance(s, logits[row], context_full=kv.length(s.slot) >= self.n_ctx)
+                room = self.n_ctx - kv.length(s.slot)
+                step = advance(s, logits[row], context_full=room <= 0, room=room)
             except Exception as e:  # e.g. NaN logits: this sequence only
                 log.exception("sampling failed for request %s", s.handle.id)
                 self._fail(s, f"sampling failed: {e}")
                 continue
-            n_generated += step.token is not None
+            n_generated += 0 if step.token is None else 1 + len(step.forced)
             if step.finish_reason is not None:
                 self._finish(s, step.finish_reason)
         self.generated_tokens_total += n_generated

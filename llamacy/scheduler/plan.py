@@ -31,6 +31,7 @@ class Running:
         self.n_prompt_done = cached  # prompt tokens whose K/V are in the cache
         self.state = state
         self.next_token: int | None = None  # sampled, evaluated at the next step
+        self.next_forced: tuple[int, ...] = ()  # tokens a grammar forced after it, evaluated with it
         self.unsent: list[int] = []  # tokens not yet reported in a Piece
         self.unsent_lp: list[TokenLogprob] = []
         self.t_start = time.perf_counter()
@@ -70,7 +71,7 @@ class StepPlan:
     def record(self, kv: KVCache) -> None:
         """After the batch was evaluated: the cache holds its tokens, the prompts have advanced."""
         for s in self.decoding:
-            kv.append(s.slot, [s.next_token])  # type: ignore[list-item]
+            kv.append(s.slot, [s.next_token, *s.next_forced])  # type: ignore[list-item]
         for s, chunk in self.chunks:
             kv.append(s.slot, chunk)
             s.n_prompt_done += len(chunk)
@@ -83,11 +84,13 @@ def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_c
     plan.decoding = [s for s in active if not s.prefilling]
     prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.t_start)
     for s in plan.decoding:
-        plan.rows.append(len(plan.tokens))
+        new = [s.next_token, *s.next_forced]  # forced tokens: one batch with the sampled one
+        start = kv.length(s.slot)
+        plan.tokens.extend(new)  # type: ignore[arg-type]
+        plan.pos.extend(range(start, start + len(new)))
+        plan.seqs.extend([s.slot] * len(new))
+        plan.rows.append(len(plan.tokens) - 1)
         plan.owners.append(s)
-        plan.tokens.append(s.next_token)  # type: ignore[arg-type]
-        plan.pos.append(kv.length(s.slot))
-        plan.seqs.append(s.slot)
     budget = prefill_chunk if plan.decoding else solo_chunk
     for s in prefilling:
         if budget <= 0:

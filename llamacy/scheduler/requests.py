@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from queue import SimpleQueue
+from typing import Any
 
 from llamacy.errors import LlamacyError
 from llamacy.generation import TokenLogprob
@@ -41,6 +42,9 @@ class GenerationRequest:
     ignore_eos: bool = False  # keep going through stop ids (benchmarks: a fixed number of tokens)
     logprobs: int | None = None  # None: off; k >= 0: the sampled token's logprob and k alternatives
     id: str | None = None  # None: a fresh uuid
+    # A llamacy.structured.Constraint, owned by this request alone: its grammar masks this sequence's logits
+    # only, so constrained and unconstrained requests share batches.
+    constraint: Any = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from llamacy.server.mailbox import EventBridge
 from llamacy.server.mailbox import LoopMailbox as LoopMailbox  # re-exported: tests/test_scheduler.py uses it
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import SamplingFields
+from llamacy.structured import StructuredRequest
 
 _SAMPLING_FIELDS = (
     "temperature",
@@ -75,9 +76,15 @@ async def encode_text(served: ServedModel, text: str) -> list[int]:
     return await run_in_threadpool(text_ids, served.tokenizer, text)
 
 
-async def encode_chat(served: ServedModel, messages: list[dict[str, Any]], prefill: str = "") -> list[int]:
+async def encode_chat(
+    served: ServedModel,
+    messages: list[dict[str, Any]],
+    structured: StructuredRequest | None = None,
+    prefill: str = "",
+) -> list[int]:
     """Token ids of the messages through the chat template, ending where the assistant's reply begins;
-    `prefill`: the start of that reply, which generation continues (Anthropic's final assistant turn)."""
+    `structured`: tools offered, earlier calls and their results; `prefill`: the start of that reply,
+    which generation continues (Anthropic's final assistant turn)."""
     tpl = served.template
     if tpl is None:
         raise APIError(
@@ -87,7 +94,11 @@ async def encode_chat(served: ServedModel, messages: list[dict[str, Any]], prefi
         )
 
     def render() -> list[int]:
-        return tpl.encode(tpl.render(messages, add_generation_prompt=True) + prefill)
+        if structured is not None:
+            text = structured.render(tpl, messages, add_generation_prompt=True)
+        else:
+            text = tpl.render(messages, add_generation_prompt=True)
+        return tpl.encode(text + prefill)
 
     try:
         return await run_in_threadpool(render)

@@ -10,6 +10,10 @@
 
 Jobs run in the same scheduler as the OpenAI endpoints. A finished job is kept for `ttl_s` seconds, and
 at most `max_finished` of them (the oldest go first), so a server that runs for months stays small.
+
+A server that is one replica of several (`llamacy serve --ray`) is given a SharedJobs: ids are reserved
+there (one id, one job, across replicas), each job's record is published there as it changes (submitted,
+started, every second while it runs, finished), and a job this replica does not hold is read from there.
 """
 
 from __future__ import annotations
@@ -17,20 +21,45 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from llamacy.scheduler import Done, Event, Failed, Handle, Piece
 from llamacy.server.errors import APIError
 from llamacy.server.generation import finish_reason
 
 
-def _rfc3339(t: float | None) -> str | None:
+def rfc3339(t: float | None) -> str | None:
     if t is None:
         return None
     return (
         datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
+
+
+PUBLISH_EVERY_S = 1.0  # how fresh a running job's text is when another replica reads it
+STATUS_FIELDS = ("id", "status", "created_at", "started_at", "finished_at")  # GET /jobs/status/{id}
+
+
+class SharedJobs(Protocol):
+    """The jobs of every replica of a server, in one place (see llamacy/distributed/job_store.py)."""
+
+    async def reserve(self, job_id: str) -> bool:
+        """Claim an id for a new job; False if any replica has a job with that id."""
+        ...
+
+    def publish(self, record: dict[str, Any]) -> None:
+        """Store a job's result_dict (from any thread; must not block)."""
+        ...
+
+    def forget(self, job_id: str) -> None:
+        """Free a reserved id whose job never ran (must not block)."""
+        ...
+
+    async def fetch(self, job_id: str) -> dict[str, Any] | None:
+        """The last record published for a job (by any replica), or None."""
+        ...
 
 
 class Job:
@@ -44,12 +73,24 @@ class Job:
         self.handle: Handle | None = None
         self.final: Done | Failed | None = None
         self._pieces: list[str] = []
+        self.on_change: Callable[[Job], None] | None = None  # publishes the job (a shared store)
+        self._published_at = 0.0
 
     def on_event(self, ev: Event) -> None:  # on the scheduler thread
         if isinstance(ev, Piece):
             self._pieces.append(ev.text)
         else:
             self.final = ev
+        if self.on_change is not None and self.handle is not None:  # else JobStore.started publishes it
+            now = time.monotonic()
+            # The first piece means it started; the last event, that it ended; in between, now and then.
+            if (
+                self.final is not None
+                or len(self._pieces) == 1
+                or now - self._published_at >= PUBLISH_EVERY_S
+            ):
+                self._published_at = now
+                self.on_change(self)
 
     @property
     def status(self) -> str:
@@ -68,9 +109,9 @@ class Job:
         return {
             "id": self.id,
             "status": self.status,
-            "created_at": _rfc3339(h.created_at),
-            "started_at": _rfc3339(h.started_at),
-            "finished_at": _rfc3339(h.finished_at if self.final is not None else None),
+            "created_at": rfc3339(h.created_at),
+            "started_at": rfc3339(h.started_at),
+            "finished_at": rfc3339(h.finished_at if self.final is not None else None),
         }
 
     def result_dict(self) -> dict[str, Any]:
@@ -117,11 +158,42 @@ class Job:
 class JobStore:
     """Jobs by id; finished ones expire. Thread-safe (the scheduler thread finishes jobs)."""
 
-    def __init__(self, ttl_s: float = 3600.0, max_finished: int = 1000) -> None:
+    def __init__(
+        self, ttl_s: float = 3600.0, max_finished: int = 1000, shared: SharedJobs | None = None
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_finished = max_finished
+        self.shared = shared
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
+
+    async def create(self, job_id: str, prompt: str = "", model: str = "", load_ms: float = 0.0) -> Job:
+        """add(), with the id also claimed in the shared store when there is one (409 if taken there)."""
+        if self.shared is not None and not await self.shared.reserve(job_id):
+            raise APIError(409, f"a job with id {job_id!r} already exists", "duplicate_id", "id")
+        job = self.add(job_id, prompt, model, load_ms)
+        if self.shared is not None:
+            job.on_change = self._publish
+        return job
+
+    def _publish(self, job: Job) -> None:
+        assert self.shared is not None
+        self.shared.publish(job.result_dict())
+
+    def started(self, job: Job) -> None:
+        """The job's handle is attached: publish it as submitted."""
+        if job.on_change is not None:
+            job.on_change(job)
+
+    async def lookup(self, job_id: str) -> dict[str, Any]:
+        """A job's result_dict: this server's own, else the shared store's (404 if neither has it)."""
+        try:
+            return self.get(job_id).result_dict()
+        except APIError:
+            record = await self.shared.fetch(job_id) if self.shared is not None else None
+            if record is None:
+                raise
+            return record
 
     def add(self, job_id: str, prompt: str = "", model: str = "", load_ms: float = 0.0) -> Job:
         """Reserve an id (APIError 409 if taken); the caller attaches the handle or calls discard."""
@@ -134,7 +206,9 @@ class JobStore:
 
     def discard(self, job_id: str) -> None:
         with self._lock:
-            self._jobs.pop(job_id, None)
+            job = self._jobs.pop(job_id, None)
+        if job is not None and job.on_change is not None and self.shared is not None:
+            self.shared.forget(job_id)
 
     def get(self, job_id: str) -> Job:
         with self._lock:

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import llamacy.server.generation as gen
+from llamacy.server.job_store import STATUS_FIELDS
 from llamacy.server.schemas import JobRequest, parse
 from llamacy.server.state import state_of
 
@@ -25,21 +26,23 @@ async def create_job(request: Request) -> JSONResponse:
     ids = await gen.encode_text(served, body.prompt)
     req = gen.build_request(served, body, ids, body.max_tokens)
     req.id = job_id
-    job = state.jobs.add(job_id, body.prompt, served.name, load_ms)
+    job = await state.jobs.create(job_id, body.prompt, served.name, load_ms)
     try:
         job.handle = gen.submit(served, req, job.on_event)
     except BaseException:
         state.jobs.discard(job_id)
         raise
+    state.jobs.started(job)
     return JSONResponse({"id": job_id, "status": job.status}, status_code=202)
 
 
 async def job_status(request: Request) -> JSONResponse:
-    return JSONResponse(state_of(request).jobs.get(request.path_params["job_id"]).status_dict())
+    record = await state_of(request).jobs.lookup(request.path_params["job_id"])
+    return JSONResponse({k: record[k] for k in STATUS_FIELDS})
 
 
 async def job_result(request: Request) -> JSONResponse:
-    return JSONResponse(state_of(request).jobs.get(request.path_params["job_id"]).result_dict())
+    return JSONResponse(await state_of(request).jobs.lookup(request.path_params["job_id"]))
 
 
 ROUTES = [

@@ -1,5 +1,6 @@
-"""The ASGI middleware in front of the routes, outermost first: count requests (so that refusals count
-too) -> API key -> body size -> hold the models a request uses."""
+"""The ASGI middleware in front of the routes, outermost first: name the replica (when the server is one
+of several) -> count requests (so that refusals count too) -> API key -> body size -> hold the models a
+request uses."""
 
 from __future__ import annotations
 
@@ -76,6 +77,22 @@ class CountRequests(HTTPMiddleware):
             await self.app(scope, receive, send_and_note)
         finally:
             self.counter.add(label, status)
+
+
+class NameReplica(HTTPMiddleware):
+    """Every response says which replica answered it (`X-Llamacy-Replica`), errors included."""
+
+    def __init__(self, app: ASGIApp, name: str) -> None:
+        super().__init__(app)
+        self.header = (b"x-llamacy-replica", name.encode())
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 class HoldModels(HTTPMiddleware):

@@ -25,6 +25,8 @@ from llamacy.server.errors import APIError, error_body
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import ChatRequest, CompletionRequest, parse
 from llamacy.server.state import state_of
+from llamacy.server.structured import attach_constraints, messages_of, structured_for
+from llamacy.structured import StructuredRequest, tool_call_deltas
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint; chat has none
 
@@ -107,9 +109,12 @@ class _ChatShape(_Shape):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, served: ServedModel, logprobs: bool) -> None:
+    def __init__(self, served: ServedModel, logprobs: bool, structured: StructuredRequest, n: int) -> None:
         self.served = served
         self.logprobs = logprobs
+        self.structured = structured
+        # Per choice: a parser that holds back text that may be a tool call (None: no tools offered).
+        self.parsers = [structured.stream() for _ in range(n)]
 
     @staticmethod
     def _chunk(i: int, delta: dict, finish: str | None = None, lps: dict | None = None) -> dict:
@@ -120,17 +125,33 @@ class _ChatShape(_Shape):
 
     def delta(self, i: int, piece: Piece) -> dict | None:
         lps = gen.chat_logprobs(self.served, piece.logprobs) if piece.logprobs else None
-        return self._chunk(i, {"content": piece.text}, None, lps) if piece.text or lps else None
+        parser = self.parsers[i]
+        text = parser.feed(piece.text) if parser is not None else piece.text
+        return self._chunk(i, {"content": text}, None, lps) if text or lps else None
 
     def closing(self, i: int, done: Done) -> dict:
-        return self._chunk(i, {}, gen.finish_reason(done))
+        finish = gen.finish_reason(done)
+        delta: dict[str, Any] = {}
+        parser = self.parsers[i]
+        if parser is not None:
+            rest, calls = parser.finish()
+            if rest:
+                delta["content"] = rest
+            if calls:
+                delta["tool_calls"] = tool_call_deltas(calls)
+                finish = "tool_calls"
+        return self._chunk(i, delta, finish)
 
     def whole(self, i: int, done: Done, lps: list[TokenLogprob]) -> dict:
+        content, calls, finish = self.structured.reply(done.text, gen.finish_reason(done))
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
         return {
             "index": i,
-            "message": {"role": "assistant", "content": done.text},
+            "message": message,
             "logprobs": gen.chat_logprobs(self.served, lps) if self.logprobs else None,
-            "finish_reason": gen.finish_reason(done),
+            "finish_reason": finish,
         }
 
 
@@ -145,8 +166,11 @@ async def completions(request: Request) -> Response:
         prompt = prompt[0]  # a list of one prompt
     ids = await gen.encode_text(served, prompt) if isinstance(prompt, str) else list(prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    structured = await structured_for(served, body, chat=False)
     req = gen.build_request(served, body, ids, max_tokens, body.logprobs)
-    call = await gen.start(served, gen.choices(req, body.choices()))
+    requests = gen.choices(req, body.choices())
+    await attach_constraints(served, structured, requests)
+    call = await gen.start(served, requests)
     echo = ""
     if body.echo:  # token ids are decoded only now: the scheduler has checked them against the vocabulary
         echo = prompt if isinstance(prompt, str) else served.tokenizer.decode(ids)
@@ -157,14 +181,14 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     body = parse(ChatRequest, await request.body())
     served = await state_of(request).models.acquire(body.model)
-    messages = [
-        {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in body.messages
-    ]
-    ids = await gen.encode_chat(served, messages)
+    structured = await structured_for(served, body, chat=True)
+    ids = await gen.encode_chat(served, messages_of(body), structured)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     req = gen.build_request(served, body, ids, body.token_limit(), logprobs, chat=True)
-    call = await gen.start(served, gen.choices(req, body.choices()))
-    shape = _ChatShape(served, body.logprobs)
+    requests = gen.choices(req, body.choices())
+    await attach_constraints(served, structured, requests)
+    call = await gen.start(served, requests)
+    shape = _ChatShape(served, body.logprobs, structured, body.choices())
     return await _answer(request, served, call, shape, body.stream, body.include_usage(), "chatcmpl")
 
 

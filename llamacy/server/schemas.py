@@ -71,6 +71,10 @@ class _OpenAIRequest(SamplingFields):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured output (llamacy.structured): OpenAI's response_format, llama.cpp's GBNF grammar and json_schema.
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
     def unsupported(self) -> None:
         super().unsupported()
@@ -114,10 +118,23 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -131,16 +148,11 @@ class ChatRequest(_OpenAIRequest):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.tools:
-            raise APIError(400, "tools (function calling) are not supported", "unsupported", "tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise APIError(
-                400, "response_format other than text is not supported", "unsupported", "response_format"
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError(400, "top_logprobs requires logprobs=true", "invalid_value", "top_logprobs")
 

@@ -26,6 +26,7 @@ class ServerSettings:
     job_ttl_s: float = 3600.0
     max_finished_jobs: int = 1000
     model_name: str = "llamacy"  # the name of the model when create_app is given one scheduler
+    replica_name: str | None = None  # one replica of several: named in each response's X-Llamacy-Replica
 
 
 @dataclass

@@ -1,0 +1,121 @@
+"""Llama.create_chat_completion: an OpenAI-shaped chat completion from the Python API, without a server.
+
+    llm.create_chat_completion([{"role": "user", "content": "Hi"}], response_format={"type": "json_object"})
+    llm.create_chat_completion(messages, tools=[...], tool_choice="required")  # message.tool_calls
+
+The prompt goes through the model's chat template (tools included when it knows them, else a built-in tool
+prompt); a forced tool call or a response_format constrains the output (llamacy.structured); the reply is
+parsed for tool calls whenever tools are offered.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from llamacy.chat_template import ChatTemplate
+from llamacy.structured import StructuredRequest, tool_call_deltas
+
+_templates: weakref.WeakKeyDictionary[Any, ChatTemplate] = weakref.WeakKeyDictionary()
+
+
+def chat_template(llm: Any) -> ChatTemplate:
+    """The model's template (or the built-in one it was trained with), compiled once per Llama."""
+    tpl = _templates.get(llm)
+    if tpl is None:
+        tpl = _templates[llm] = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    return tpl
+
+
+def create_chat_completion(
+    llm: Any,
+    messages: Sequence[dict],
+    max_tokens: int | None = None,
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    top_k: int = 40,
+    min_p: float = 0.05,
+    repeat_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stream: bool = False,
+    response_format: dict | None = None,
+    tools: list[dict] | None = None,
+    tool_choice: str | dict | None = None,
+    parallel_tool_calls: bool | None = None,
+) -> dict | Iterator[dict]:
+    """See Llama.create_chat_completion. UsageError (one line) for a bad schema, tool or tool_choice."""
+    tpl = chat_template(llm)
+    structured = StructuredRequest.from_request(
+        tpl,
+        response_format=response_format,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+    )
+    ids = tpl.encode(structured.render(tpl, messages, add_generation_prompt=True))
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    stops += [s for s in tpl.stop_strings if s not in stops]
+    sampling = dict(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=seed,
+    )
+    constraint = structured.constraint(llm.tokenizer, llm.n_vocab)
+    gen = llm.generate_tokens(ids, max_tokens, stop=stops, constraint=constraint, **sampling)
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = llm.model_path.name
+
+    def wrap(obj: str, choice: dict) -> dict:
+        return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+    if stream:
+        return _chunks(llm, gen, structured, lambda choice: wrap("chat.completion.chunk", choice))
+    for _ in gen:
+        pass
+    done = llm.last
+    content, calls, finish = structured.reply(done.text, done.finish_reason)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    out = wrap("chat.completion", {"index": 0, "message": message, "logprobs": None, "finish_reason": finish})
+    out["usage"] = {
+        "prompt_tokens": done.stats.prompt_tokens,
+        "completion_tokens": done.stats.gen_tokens,
+        "total_tokens": done.stats.prompt_tokens + done.stats.gen_tokens,
+    }
+    return out
+
+
+def _chunks(
+    llm: Any, gen: Iterator[tuple[int, str]], structured: StructuredRequest, wrap: Any
+) -> Iterator[dict]:
+    def chunk(delta: dict, finish: str | None = None) -> dict:
+        return wrap({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
+
+    parser = structured.stream()
+    yield chunk({"role": "assistant", "content": ""})
+    for _, piece in gen:
+        shown = parser.feed(piece) if parser is not None else piece
+        if shown:
+            yield chunk({"content": shown})
+    finish = llm.last.finish_reason
+    if parser is not None:
+        rest, calls = parser.finish()
+        if rest:
+            yield chunk({"content": rest})
+        if calls:
+            yield chunk({"tool_calls": tool_call_deltas(calls)})
+            finish = "tool_calls"
+    yield chunk({}, finish)

@@ -1,0 +1,271 @@
+# The AVX-512 VNNI kernels of the legacy 32-value types (ACT_Q8A activations): repacking, prefill and decode
+# tiles. Included by matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses.
+
+# One 32-value block of R rows, repacked: the quants as dpbusd takes them, the fp32 scale and min.
+#   Q4_0, Q5_0, Q8_0 (an offset, or signed quants): q holds the signed values (q - 8, q - 16, q), and the
+#     activations are the unsigned operand, biased by 128 (x + 128, one xor per token block); seed holds
+#     -128 * (sum of each 4 quants), the accumulator's start, so that dpbusd(seed, x + 128, q) is exactly
+#     the lane sum of q * x. Nothing per token block but the xor, nothing per row block but two loads.
+#   Q4_1, Q5_1 (unsigned quants, the min term apart): q holds the unsigned q, dpbusd(0, q, x); no seed.
+ctypedef struct lrec:
+    int8_t q[4][32]
+    int32_t seed[4][8]
+    float d[4]
+    float m[4]
+
+
+
+# One weight block's quants as the unsigned operand of dpbusd: q (4/5-bit types), q + 128 (Q8_0).
+cdef inline __m256i load_u(const lblock* wb) noexcept nogil:
+    if lblock is block_q8_0:
+        return _mm256_xor_si256(_mm256_loadu_si256(<const __m256i*>wb.qs), _mm256_set1_epi8(-128))
+    elif lblock is block_q4_0 or lblock is block_q4_1:
+        return unpack_nibbles(wb.qs)
+    else:
+        return _mm256_or_si256(unpack_nibbles(wb.qs),
+                               _mm256_and_si256(unpack_bits(wb.qh), _mm256_set1_epi8(0x10)))
+
+
+# The accumulator seed for one token block in decode (as AVX2's token_offset): minus the offset's share
+# c * (sum of 4 x quants) per lane, so that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy; zero for
+# the types without an offset. (Prefill instead moves the offset to the weights: see lrec.)
+cdef inline __m256i token_seed(const lblock* tag, __m256i qy) noexcept nogil:
+    cdef __m256i zero = _mm256_setzero_si256()
+    if lblock is block_q4_0:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(8), qy))
+    elif lblock is block_q5_0:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(16), qy))
+    elif lblock is block_q8_0:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), qy))
+    else:
+        return zero
+
+
+# True for the types whose repacked quants are signed (see lrec).
+cdef inline bint signed_q(const lblock* tag) noexcept nogil:
+    return lblock is block_q4_0 or lblock is block_q5_0 or lblock is block_q8_0
+
+
+# Row `w` (nb blocks) into slot r of the records dst[0..nb).
+cdef void repack_l(const lblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
+    cdef __m256i q
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef Py_ssize_t b
+    for b in range(nb):
+        if lblock is block_q8_0:
+            q = _mm256_loadu_si256(<const __m256i*>w[b].qs)
+        elif lblock is block_q4_0:
+            q = _mm256_sub_epi8(unpack_nibbles(w[b].qs), _mm256_set1_epi8(8))
+        elif lblock is block_q5_0:
+            q = _mm256_sub_epi8(load_u(w + b), _mm256_set1_epi8(16))
+        else:
+            q = load_u(w + b)
+        _mm256_storeu_si256(<__m256i*>dst[b].q[r], q)
+        if signed_q(w):
+            _mm256_storeu_si256(<__m256i*>dst[b].seed[r],
+                                _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), q)))
+        dst[b].d[r] = fp16(w[b].d)
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            dst[b].m[r] = fp16(w[b].m)
+
+
+# A slot with no row behind it (the last tile of a matrix whose row count is not a multiple of R): zeros,
+# computed on and never stored.
+cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
+    cdef Py_ssize_t b
+    for b in range(nb):
+        memset(dst[b].q[r], 0, 32)
+        memset(dst[b].seed[r], 0, 32)
+        dst[b].d[r] = 0.0
+        dst[b].m[r] = 0.0
+
+
+# The scale products of one block for a tile: sc[t * 4 + r] = d_w[r] * d_x[t], and the min terms
+# (Q4_1/Q5_1) ms[t][r] += m_w[r] * s_x[t]. Two tokens per 256-bit multiply: dx8 and mv8 hold the 4 rows'
+# d and m twice, [d0..d3, d0..d3], against [d_x(t) x 4, d_x(t+1) x 4]. The same products and sums in the
+# same order as one SSE multiply per token (each lane is its own (row, token)), in half the multiplies:
+# these share the two pipes that every dpbusd and FMA of the tile needs.
+# ms01 holds the min terms of tokens 0 (low half) and 1, ms23 those of 2 and 3; an odd last token uses ms.
+cdef inline void scale_products(const lblock* tag, const tshape* shape, __m256 dx8, __m256 mv8,
+                                const block_q8a* yb, Py_ssize_t nb, float* sc, __m128* ms,
+                                __m256* ms01, __m256* ms23) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef int t
+    if T >= 2:
+        _mm256_storeu_ps(sc, _mm256_mul_ps(dx8, _mm256_set_m128(_mm_set1_ps(yb[nb].d), _mm_set1_ps(yb[0].d))))
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            # the min term, in block order: m_w * s_x rounded, then added
+            ms01[0] = _mm256_add_ps(ms01[0], _mm256_mul_ps(mv8, _mm256_set_m128(
+                _mm_set1_ps(yb[nb].s), _mm_set1_ps(yb[0].s))))
+    if T >= 4:
+        _mm256_storeu_ps(sc + 8, _mm256_mul_ps(dx8, _mm256_set_m128(
+            _mm_set1_ps(yb[3 * nb].d), _mm_set1_ps(yb[2 * nb].d))))
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms23[0] = _mm256_add_ps(ms23[0], _mm256_mul_ps(mv8, _mm256_set_m128(
+                _mm_set1_ps(yb[3 * nb].s), _mm_set1_ps(yb[2 * nb].s))))
+    if T % 2:
+        t = T - 1
+        _mm_storeu_ps(sc + t * 4, _mm_mul_ps(_mm256_castps256_ps128(dx8), _mm_set1_ps(yb[t * nb].d)))
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(_mm256_castps256_ps128(mv8), _mm_set1_ps(yb[t * nb].s)))
+
+
+# Token t's 4 min terms (see scale_products) into mo.
+cdef inline void min_terms(const tshape* shape, const __m128* ms, __m256 ms01, __m256 ms23, int t,
+                           float* mo) noexcept nogil:
+    cdef int T = ntoks(shape)
+    if t == T - 1 and T % 2:
+        _mm_storeu_ps(mo, ms[t])
+    elif t == 0:
+        _mm_storeu_ps(mo, _mm256_castps256_ps128(ms01))
+    elif t == 1:
+        _mm_storeu_ps(mo, _mm256_extractf128_ps(ms01, 1))
+    elif t == 2:
+        _mm_storeu_ps(mo, _mm256_castps256_ps128(ms23))
+    else:
+        _mm_storeu_ps(mo, _mm256_extractf128_ps(ms23, 1))
+
+
+# Where a prefill tile reads its R rows (as types, so that each ltile is compiled for one):
+#   from_records: the repacked records w[0..nb) (lrec): many tokens, the offset moved to the weights;
+#   from_blocks: the rows as stored, nb blocks apart (few tokens, n_tok <= RAW_TOK: unpacking a block where
+#     it is used costs less than storing and reloading it); quants unsigned, the offsets taken off per
+#     token block with token_seed (as decode does), the scales converted 8 at a time from the 4 rows'
+#     fp16 (d, m) pairs, and the weights prefetched as in decode: they stream from memory once, and the
+#     hardware prefetchers lose the thread of R interleaved rows.
+ctypedef struct from_records:
+    char unused
+ctypedef struct from_blocks:
+    char unused
+
+ctypedef fused lsource:
+    from_records
+    from_blocks
+
+
+# One prefill tile: R rows from w x T tokens starting at y (nb blocks apart); out[t * ldo + r] for
+# r < nvalid.
+#
+# Per (row, token, block): one dpbusd, one int->float conversion and one FMA whose scale d_w * d_x comes
+# as a broadcast from memory. Those products are made first, for SCH blocks at a time (scale_products),
+# into the small buffer sc: broadcasting each from a register instead costs one or two shuffles per use,
+# and Zen 4's shuffle pipes are shared with the multipliers and the conversions.
+cdef void ltile(const lblock* tag, const tshape* shape, const lsource* src, const void* w,
+                const block_q8a* y, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef const lrec* rec = <const lrec*>w
+    cdef const lblock* blk = <const lblock*>w
+    cdef __m256 acc[4][MAXT]
+    cdef __m128 ms[MAXT]
+    cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
+    cdef __m256i qx[4]
+    cdef __m256i sd[4]
+    cdef __m256i qy, isum, seed
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef __m256 dx8, mv8, dm
+    cdef float sc[SCH * MAXT * 4]
+    cdef const float* s
+    cdef float mo[4]
+    cdef const block_q8a* yb
+    cdef int r, t
+    cdef Py_ssize_t b, b0, b1, k
+    cdef const char* pf = <const char*>(blk + PF_TILES * R * nb)
+    cdef Py_ssize_t pfstep = R * sizeof(lblock)
+    for t in range(T):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[t] = _mm_setzero_ps()
+        for r in range(R):
+            acc[r][t] = _mm256_setzero_ps()
+    b0 = 0
+    while b0 < nb:
+        b1 = min(nb, b0 + SCH)
+        for b in range(b0, b1):
+            if lsource is from_blocks:
+                for k in range(0, pfstep, 64):
+                    lc_prefetch(pf + b * pfstep + k)
+                # [d0, m0, d1, m1, d2, m2, d3, m3] (for the types without m, the odd lanes are unused)
+                dm = _mm256_cvtph_ps(_mm_set_epi32(
+                    <int>load_u32(<const uint8_t*>(blk + 3 * nb + b)),
+                    <int>load_u32(<const uint8_t*>(blk + 2 * nb + b)),
+                    <int>load_u32(<const uint8_t*>(blk + nb + b)), <int>load_u32(<const uint8_t*>(blk + b))))
+                dx8 = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6))
+                mv8 = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7))
+            else:
+                dx8 = _mm256_broadcast_ps(<const __m128*>rec[b].d)
+                mv8 = _mm256_broadcast_ps(<const __m128*>rec[b].m)
+            scale_products(tag, shape, dx8, mv8, y + b, nb, &sc[(b - b0) * MAXT * 4], ms, &ms01, &ms23)
+        lc_spill(sc)
+        for b in range(b0, b1):
+            for r in range(R):
+                if lsource is from_blocks:
+                    qx[r] = load_u(blk + r * nb + b)
+                else:
+                    qx[r] = _mm256_loadu_si256(<const __m256i*>rec[b].q[r])
+                    if signed_q(tag):
+                        sd[r] = _mm256_loadu_si256(<const __m256i*>rec[b].seed[r])
+            for t in range(T):
+                yb = y + t * nb + b
+                qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+                if lsource is from_blocks:
+                    seed = token_seed(tag, qy)
+                elif signed_q(tag):
+                    qy = _mm256_xor_si256(qy, _mm256_set1_epi8(-128))  # x + 128
+                s = &sc[((b - b0) * MAXT + t) * 4]
+                for r in range(R):
+                    if lsource is from_blocks:
+                        isum = _mm256_dpbusd_epi32(seed, qx[r], qy)
+                    elif signed_q(tag):
+                        isum = _mm256_dpbusd_epi32(sd[r], qy, qx[r])
+                    else:
+                        isum = _mm256_dpbusd_epi32(zero, qx[r], qy)
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]), _mm256_cvtepi32_ps(isum), acc[r][t])
+        b0 = b1
+    for t in range(T):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            min_terms(shape, ms, ms01, ms23, t, mo)
+            for r in range(nvalid):
+                out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
+        else:
+            for r in range(nvalid):
+                out[t * ldo + r] = hsum8(acc[r][t])
+
+
+# One decode tile: R rows (from the weights as stored) x 1 token. The scales as in mm_avx2.pyx's decode:
+# [d, m] converted with one F16C op and multiplied by [d_x, s] in one SSE multiply.
+cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssize_t nb,
+               float* out) noexcept nogil:
+    cdef int RR = nrows(shape)
+    cdef __m256 acc[4]
+    cdef __m128 ms[4]
+    cdef __m256i qy, seed
+    cdef __m128 u, v
+    cdef const lblock* wb
+    cdef const block_q8a* yb
+    cdef int r
+    cdef Py_ssize_t b, k
+    cdef const char* pf = <const char*>(w + PF_TILES * RR * nb)
+    cdef Py_ssize_t pfstep = RR * sizeof(lblock)
+    for r in range(RR):
+        acc[r] = _mm256_setzero_ps()
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            ms[r] = _mm_setzero_ps()
+    for b in range(nb):
+        # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
+        for k in range(0, pfstep, 64):
+            lc_prefetch(pf + b * pfstep + k)
+        yb = y + b
+        qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+        u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_x, s, 0, 0]
+        seed = token_seed(w, qy)
+        for r in range(RR):
+            wb = w + r * nb + b
+            v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(v),
+                                     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(wb), qy)), acc[r])
+            if lblock is block_q4_1 or lblock is block_q5_1:
+                ms[r] = _mm_add_ps(ms[r], v)
+    for r in range(RR):
+        if lblock is block_q4_1 or lblock is block_q5_1:
+            out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(ms[r]))
+        else:
+            out[r] = hsum8(acc[r])

@@ -1,0 +1,133 @@
+# Helpers for the tests and benchmarks, kept out of the production modules: a C-timed matrix product loop
+# (benchmarks/bench_kernels*.py), a thread-team coverage count (tests/test_parallel.py) and Python-level
+# entry points to the layer loop's element-wise operations (tests/test_ops.py checks them against numpy).
+from libc.stdint cimport int64_t, uint8_t
+
+import time
+
+import numpy as np
+
+from llamacy.kernels.matmul cimport matmul_impl
+from llamacy.kernels.ops cimport attend, rmsnorm, rope, rope_table, store_kv_row
+from llamacy.kernels.parallel cimport parallel_for
+
+from llamacy.kernels.matmul import operands
+from llamacy.kernels.parallel import ensure_threads
+
+
+def bench_matmul(W_rows, int wtype, x, int nthreads=1, impl="auto", double min_time=0.2,
+                 int min_reps=5):
+    """Seconds per matmul, the best of repeated C loops of >= 2 ms (activations quantized once, outside).
+
+    Single-threaded runs are timed in thread CPU time (time.thread_time), which does not count the time
+    the thread sits descheduled on a shared machine; multi-threaded runs in wall time.
+    """
+    Wa, xq, code, cols_ = operands(W_rows, wtype, x, impl)
+    nthreads = min(max(nthreads, 1), ensure_threads(nthreads))
+    cdef Py_ssize_t n = xq.shape[0], cols = cols_
+    cdef Py_ssize_t rows = Wa.shape[0]
+    cdef int c = code
+    Y = np.zeros((n, rows), dtype=np.float32)
+    cdef const uint8_t[:, ::1] wv = Wa
+    cdef const uint8_t[:, ::1] qv = xq
+    cdef float[:, ::1] yv = Y
+    cdef int i, iters = 1
+    clock = time.thread_time if nthreads == 1 else time.perf_counter
+    best = float("inf")
+    total = 0.0
+    reps = 0
+    while True:  # warm up, growing the inner loop until one measurement takes >= 2 ms
+        t0 = clock()
+        with nogil:
+            for i in range(iters):
+                matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads, c)
+        dt = clock() - t0
+        if dt >= 0.002:
+            break
+        iters *= 2
+    while total < min_time or reps < min_reps:
+        t0 = clock()
+        with nogil:
+            for i in range(iters):
+                matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads, c)
+        dt = clock() - t0
+        total += dt
+        reps += 1
+        best = min(best, dt / iters)
+    return best
+
+
+# Every item exactly once, under many jobs in a row.
+
+ctypedef struct _CountCtx:
+    int* counts
+    int64_t n
+
+
+cdef void _count_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef _CountCtx* c = <_CountCtx*> ctx
+    cdef int64_t i
+    for i in range(begin, end):
+        c.counts[i] += 1
+
+
+def check_coverage(int64_t n_items, int64_t chunk, int nthreads, int repeats=1):
+    """Run `repeats` jobs over n_items; return how often each item was visited (all should be repeats)."""
+    counts = np.zeros(max(n_items, 1), dtype=np.intc)
+    cdef int[::1] cv = counts
+    cdef _CountCtx c
+    c.counts = &cv[0]
+    c.n = n_items
+    cdef int r
+    ensure_threads(nthreads)
+    with nogil:
+        for r in range(repeats):
+            parallel_for(_count_task, &c, n_items, chunk, nthreads)
+    return counts[:n_items]
+
+
+# The element-wise operations of ops.pyx.
+def py_rmsnorm(float[::1] x, float[::1] w, float eps):
+    out = np.empty(x.shape[0], dtype=np.float32)
+    cdef float[::1] o = out
+    rmsnorm(&x[0], &w[0], &o[0], x.shape[0], eps)
+    return out
+
+
+def py_rope(float[:, ::1] x, Py_ssize_t n_rot, float pos, float base, int mode):
+    """Rotate each row of x (n_heads x head_dim) in place for position pos."""
+    if n_rot > x.shape[1] or n_rot % 2:
+        raise ValueError("n_rot must be even and at most head_dim")
+    cs = np.empty(n_rot, dtype=np.float32)
+    cdef float[::1] c = cs
+    rope_table(&c[0], n_rot, pos, base, 1.0, NULL)
+    rope(&x[0, 0], x.shape[0], x.shape[1], n_rot, &c[0], mode)
+
+
+def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
+    """K, V: [positions, head_dim] float32, or float16 (a half-precision cache)."""
+    K = np.ascontiguousarray(K)
+    V = np.ascontiguousarray(V)
+    if K.dtype != V.dtype or K.dtype not in (np.float32, np.float16) or K.ndim != 2 or V.ndim != 2:
+        raise ValueError("K and V must be 2-D, both float32 or both float16")
+    if not (0 <= first <= last < K.shape[0]) or K.shape[0] != V.shape[0]:
+        raise ValueError("bad attention range")
+    if q.shape[0] != K.shape[1] or K.shape[1] != V.shape[1]:
+        raise ValueError("head_dim mismatch")
+    cdef bint f16 = K.dtype == np.float16
+    cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
+    cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
+    scores = np.empty(K.shape[0], dtype=np.float32)
+    out = np.empty(K.shape[1], dtype=np.float32)
+    cdef float[::1] s = scores, o = out
+    attend(&q[0], &kb[0], &vb[0], first, last, K.shape[1], scale, softcap, &s[0], &o[0], f16)
+    return out
+
+
+def py_store_kv_row(float[::1] x, bint kv_f16):
+    """x as store_kv_row writes it into a cache of that type (float32 or float16 array)."""
+    out = np.empty(x.shape[0], dtype=np.float16 if kv_f16 else np.float32)
+    cdef uint8_t[::1] ob = out.view(np.uint8)
+    if x.shape[0]:
+        store_kv_row(&ob[0], &x[0], x.shape[0], kv_f16)
+    return out

@@ -1,0 +1,41 @@
+# The weight types the kernels compute with: one table, one row per GGML type (traits.pyx), the way
+# ggml-cpu keeps type_traits_cpu[]. Every dispatch on a weight type (matmul, dequantize_row, act_format,
+# quantize) reads it.
+
+# (src, dst, n): n values, a whole number of blocks, stored -> float32.
+ctypedef void (*to_float_fn)(const void* src, float* dst, Py_ssize_t n) noexcept nogil
+# (dst, ...) float32 -> stored; lanes: the K-quant scale searches 8 sub-blocks at a time (same bytes).
+ctypedef void (*from_float_fn)(const float* x, void* out, Py_ssize_t n, bint lanes) noexcept nogil
+# The dot product of one stored row with one activation row of n values (the scalar twins).
+ctypedef float (*vec_dot_fn)(const void* w, const void* x, Py_ssize_t n) noexcept nogil
+# Y[t * ldy + r] = dot(W row r, activation row t) for r < rows, t < n_tok.
+ctypedef void (*mm_fn)(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
+                       float* Y, Py_ssize_t ldy) noexcept nogil
+# The same; returns 0 (and writes nothing) for a case it leaves to mm_simd.
+ctypedef int (*mm_try_fn)(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
+                          float* Y, Py_ssize_t ldy) noexcept nogil
+
+ctypedef struct type_traits:
+    const char* name
+    Py_ssize_t blck_size    # values per block (1 for the float types); 0 marks a type without kernels
+    Py_ssize_t type_size    # bytes per block
+    int act                 # the activation format it multiplies with (blocks.pxd's ACT_*)
+    to_float_fn to_float    # dequantize (dequant.pyx)
+    from_float_fn from_float  # quantize as ggml's reference quantizer (quantize_rows.pyx)
+    vec_dot_fn vec_dot      # scalar dot product (vecdot.pyx): the portable build's kernel
+    mm_fn mm_simd           # AVX2 matrix product (mm_avx2.pyx)
+    mm_try_fn mm_vnni       # AVX-512 VNNI matrix product (matmul512.pyx), where this CPU has one: filled
+                            # by matmul512 when matmul loads it; NULL otherwise and for the float types
+
+# The row of GGML type `wtype`; NULL if the kernels do not compute with it.
+cdef const type_traits* type_traits_of(int wtype) noexcept nogil
+# For matmul512 only, to fill in its column.
+cdef type_traits* writable_traits(int wtype) noexcept nogil
+# Bytes of a row of `cols` values (a whole number of blocks) of the type of row `tt`.
+cdef inline Py_ssize_t traits_row_bytes(const type_traits* tt, Py_ssize_t cols) noexcept nogil:
+    return cols // tt.blck_size * tt.type_size
+
+# Print one line naming `what` and the type to stderr and abort: a C-level call with a weight type that has
+# no row is a bug in the caller (every Python surface and the model loader check the type first), and
+# leaving its output unwritten would turn it into wrong numbers.
+cdef void unknown_type(const char* what, int wtype) noexcept nogil

@@ -1,0 +1,46 @@
+"""Structured output: constrained decoding with llguidance, and OpenAI tool calls.
+
+- grammar.py: response_format / JSON schema / GBNF / regex / Lark -> a checked Grammar (UsageError if bad)
+- constraint.py: one sequence's matcher: the allowed-token mask for the sampler, forced tokens, done; the lazy
+  TriggeredConstraint (free text until a <tool_call> opens)
+- vocab.py: our tokenizer as an llguidance LLTokenizer (built once per vocabulary)
+- tools.py: tool definitions, tool_choice, the tool prompt, the grammars of a forced and of an opened call
+- tool_parse.py: a reply -> (content, tool_calls), whole or while streaming
+- decode.py: the constrained part of a generation step (forced tokens, the masked draw)
+- request.py: one request's grammar and tools together, for the API layers
+"""
+
+from llamacy.structured.constraint import Constraint, TriggeredConstraint
+from llamacy.structured.decode import next_tokens
+from llamacy.structured.grammar import (
+    Grammar,
+    gbnf_grammar,
+    json_object_grammar,
+    json_schema_grammar,
+    lark_grammar,
+    regex_grammar,
+    request_grammar,
+    response_format_grammar,
+)
+from llamacy.structured.request import StructuredRequest, tool_call_deltas
+from llamacy.structured.tool_parse import ToolCallStream, parse_tool_calls
+from llamacy.structured.tools import ToolPlan
+
+__all__ = [
+    "Constraint",
+    "Grammar",
+    "StructuredRequest",
+    "ToolCallStream",
+    "ToolPlan",
+    "TriggeredConstraint",
+    "gbnf_grammar",
+    "json_object_grammar",
+    "json_schema_grammar",
+    "lark_grammar",
+    "next_tokens",
+    "parse_tool_calls",
+    "regex_grammar",
+    "request_grammar",
+    "response_format_grammar",
+    "tool_call_deltas",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
@@ -196,20 +196,42 @@ def run_batch(
     """Run the items not yet in `results` through a Scheduler; append each result as it finishes.
 
     encode: prompt text -> token ids (e.g. through a chat template); default: the model's tokenizer."""
-    summary = BatchSummary(total=len(items))
+    todo, summary = pending(items, results)
+    append_results(
+        iter_results(llm, todo, defaults, n_parallel, n_ctx, encode, summary), results, summary, on_result
+    )
+    return summary
+
+
+def pending(items: list[Item], results: Path) -> tuple[list[Item], BatchSummary]:
+    """The items not yet in `results`, and a summary that counts the others as skipped."""
     finished = done_ids(results)
     todo = [it for it in items if _key(it.id) not in finished]
-    summary.skipped = len(items) - len(todo)
-    writer = ResultWriter(results)
+    return todo, BatchSummary(total=len(items), skipped=len(items) - len(todo))
+
+
+def append_results(
+    results: Iterable[dict[str, Any]],
+    path: Path,
+    summary: BatchSummary,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Append each result to `path` as it comes, on disk before the next one is taken. An id seen
+    before in this run is dropped: a worker that died and was restarted runs its items again."""
+    writer = ResultWriter(path)
+    written: set[str] = set()
     try:
-        for result in iter_results(llm, todo, defaults, n_parallel, n_ctx, encode, summary):
+        for result in results:
+            key = _key(result["id"])
+            if key in written:
+                continue
+            written.add(key)
             writer.write(result)
             summary.count(result)
             if on_result is not None:
                 on_result(result)
     finally:
         writer.close()
-    return summary
 
 
 def iter_results(

@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from llamacy.batch import BatchModel, BatchSummary, Item, ResultWriter, _key, done_ids, iter_results
+from llamacy.batch import BatchModel, BatchSummary, Item, append_results, iter_results, pending
 from llamacy.distributed.cluster import cluster_cpus, connect
 from llamacy.errors import UsageError
 
@@ -56,14 +56,10 @@ def run_batch_on_ray(
 ) -> BatchSummary:
     """llamacy.batch.run_batch, on the cluster at `address` (-t threads per worker; 1 if not given)."""
     spec = dataclasses.replace(spec, n_threads=spec.n_threads or 1)
-    summary = BatchSummary(total=len(items))
-    finished = done_ids(results)
-    todo = [it for it in items if _key(it.id) not in finished]
-    summary.skipped = len(items) - len(todo)
+    todo, summary = pending(items, results)
     if not todo:
         return summary
     connect(address)
-    writer = ResultWriter(results)
     try:
         cpus = cluster_cpus()
         if replicas * spec.n_threads > cpus:
@@ -71,18 +67,9 @@ def run_batch_on_ray(
                 f"{replicas} workers x {spec.n_threads} threads need {replicas * spec.n_threads} CPUs, and the "
                 f"Ray cluster at {address} has {cpus}"
             )
-        written: set[str] = set()
-        for line in _dataset(todo, defaults, spec, replicas, parallel).iter_rows():
-            result = json.loads(line["result"])
-            if _key(result["id"]) in written:
-                continue  # a worker that died was restarted and ran its items again
-            written.add(_key(result["id"]))
-            writer.write(result)
-            summary.count(result)
-            if on_result is not None:
-                on_result(result)
+        rows = _dataset(todo, defaults, spec, replicas, parallel).iter_rows()
+        append_results((json.loads(row["result"]) for row in rows), results, summary, on_result)
     finally:
-        writer.close()
         ray.shutdown()
     return summary
 

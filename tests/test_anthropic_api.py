@@ -254,10 +254,11 @@ def test_errors_in_anthropics_shape(client, http):
     trailing = [*MSGS, {"role": "assistant", "content": "Well, "}]
     assert_anthropic_error(post({**base, "messages": trailing}), 400, invalid, "trailing whitespace")
     assert_anthropic_error(
-        post({**base, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
-        400,
-        invalid,
-        "structured",
+        post({**base, "output_config": {"format": {"type": "yaml"}}}), 400, invalid, "json_schema"
+    )
+    bad_schema = {"type": "json_schema", "schema": {"type": "integer", "minimum": 3, "maximum": 1}}
+    assert_anthropic_error(
+        post({**base, "output_config": {"format": bad_schema}}), 400, invalid, "JSON schema"
     )
     assert_anthropic_error(http.post("/v1/messages", content=b"{oops"), 400, invalid, "json")
     web = {"type": "web_search_20250305", "name": "web_search"}
@@ -463,6 +464,21 @@ def test_tool_use_with_the_real_model(default_model_path):
             assert streamed.stop_reason == m.stop_reason
             if choice["type"] == "none":
                 assert m.stop_reason in ("end_turn", "max_tokens") and m.content[0].text
+        # Structured outputs: output_config.format's schema, whole and streamed.
+        person = {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 20},
+                "age": {"type": "integer", "minimum": 0},
+            },
+            "required": ["name", "age"],
+        }
+        fmt = {"output_config": {"format": {"type": "json_schema", "schema": person}}, **GREEDY}
+        ask = [{"role": "user", "content": "Describe a person."}]
+        m = c.messages.create(model="tiny", max_tokens=80, messages=ask, extra_body=fmt)
+        jsonschema.validate(json.loads(m.content[0].text), person)
+        with c.messages.stream(model="tiny", max_tokens=80, messages=ask, extra_body=fmt) as s:
+            assert "".join(s.text_stream) == m.content[0].text
         # The follow-up turn: the assistant's tool_use blocks as returned, and the tool's result.
         follow = [
             *ASK,

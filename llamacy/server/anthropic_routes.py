@@ -6,7 +6,7 @@ The conversation goes through the model's chat template like the OpenAI chat rou
 here equals the OpenAI endpoint's for the same messages. Custom tools are offered through the same
 structured-output layer (server/structured.py, anthropic_tools.py): a call comes back as a tool_use block
 with stop_reason "tool_use", streamed as content_block_start (the block, input {}), one input_json_delta
-with the whole input, content_block_stop.
+with the whole input, content_block_stop. output_config.format's JSON schema constrains the text.
 """
 
 from __future__ import annotations
@@ -78,7 +78,12 @@ async def _prompt(
     conv = body.conversation()
     choice, parallel = openai_tool_choice(body.tool_choice, body.tools)
     structured = await structured_request(
-        served, chat=True, tools=openai_tools(body.tools), tool_choice=choice, parallel_tool_calls=parallel
+        served,
+        chat=True,
+        json_schema=body.output_schema(),
+        tools=openai_tools(body.tools),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
     )
     if structured.tools.forced and conv.prefill:
         raise APIError(

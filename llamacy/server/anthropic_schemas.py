@@ -2,9 +2,10 @@
 
 As Anthropic's API does, a field it does not know is refused ("Extra inputs are not permitted"). Fields
 it knows that do not change the answer here are accepted (metadata, service_tier, cache_control, ...);
-those that would and that this server cannot honour (server tools, extended thinking, structured outputs,
-images and other non-text content) are refused with a sentence saying so. Custom tools, tool_choice and
-the tool_use / tool_result blocks of earlier turns are served (anthropic_tools.py).
+those that would and that this server cannot honour (server tools, extended thinking, images and other
+non-text content) are refused with a sentence saying so. Custom tools, tool_choice, the tool_use /
+tool_result blocks of earlier turns (anthropic_tools.py) and structured outputs (output_config.format)
+are served.
 """
 
 from __future__ import annotations
@@ -85,10 +86,22 @@ class _Common(_Strict):
     def unsupported(self) -> None:
         if self.thinking is not None and self.thinking.get("type") not in ("disabled", "adaptive"):
             raise APIError(400, "thinking: extended thinking is not supported by this server")
-        if self.output_config is not None and self.output_config.get("format") is not None:
-            raise APIError(400, "output_config.format: structured outputs are not supported by this server")
+        self.output_schema()  # checked here, before the model is acquired
         if not self.messages:
             raise APIError(400, "messages: at least one message is required")
+
+    def output_schema(self) -> dict[str, Any] | None:
+        """output_config.format's JSON schema (structured outputs): the reply is JSON valid against it."""
+        fmt = (self.output_config or {}).get("format")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise APIError(
+                400, 'output_config.format: only {"type": "json_schema", "schema": {...}} is supported'
+            )
+        if not isinstance(fmt.get("schema"), dict):
+            raise APIError(400, "output_config.format.schema: a JSON schema object is required")
+        return fmt["schema"]
 
     def conversation(self) -> Conversation:
         """System prompt first; consecutive turns of one role merged into one (as Anthropic does); a final

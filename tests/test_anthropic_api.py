@@ -207,9 +207,18 @@ def test_errors_in_anthropics_shape(client, http):
             model="tiny",
             max_tokens=5,
             messages=MSGS,
-            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tools=[{"name": "f", "input_schema": {"type": 3}}],
         )
-    assert "tool" in e.value.body["error"]["message"]
+    assert "tool 'f'" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(
+            model="tiny",
+            max_tokens=5,
+            messages=MSGS,
+            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tool_choice={"type": "tool", "name": "g"},
+        )
+    assert "'g' is not in tools" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(
             model="tiny", max_tokens=5, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 1024}
@@ -245,12 +254,22 @@ def test_errors_in_anthropics_shape(client, http):
     trailing = [*MSGS, {"role": "assistant", "content": "Well, "}]
     assert_anthropic_error(post({**base, "messages": trailing}), 400, invalid, "trailing whitespace")
     assert_anthropic_error(
-        post({**base, "output_config": {"format": {"type": "json_schema", "schema": {}}}}),
-        400,
-        invalid,
-        "structured",
+        post({**base, "output_config": {"format": {"type": "yaml"}}}), 400, invalid, "json_schema"
+    )
+    bad_schema = {"type": "json_schema", "schema": {"type": "integer", "minimum": 3, "maximum": 1}}
+    assert_anthropic_error(
+        post({**base, "output_config": {"format": bad_schema}}), 400, invalid, "JSON schema"
     )
     assert_anthropic_error(http.post("/v1/messages", content=b"{oops"), 400, invalid, "json")
+    web = {"type": "web_search_20250305", "name": "web_search"}
+    assert_anthropic_error(post({**base, "tools": [web]}), 400, invalid, "server tools")
+    assert_anthropic_error(post({**base, "tool_choice": {"type": "any"}}), 400, invalid, "at least one tool")
+    assert_anthropic_error(post({**base, "tool_choice": {"type": "maybe"}}), 400, invalid, "tool_choice.type")
+    use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    dangling = [*MSGS, {"role": "assistant", "content": [use]}]
+    assert_anthropic_error(post({**base, "messages": dangling}), 400, invalid, "tool_result")
+    bad_use = [*MSGS, {"role": "assistant", "content": [{**use, "input": "x"}]}, *MSGS]
+    assert_anthropic_error(post({**base, "messages": bad_use}), 400, invalid, "input (an object)")
     assert_anthropic_error(
         post(base, "/v1/messages/count_tokens"), 400, invalid, "max_tokens"
     )  # not a field there
@@ -357,3 +376,137 @@ def test_overloaded_and_shutdown(llm):
         ]
         error = json.loads(events[-1][1][len("data: ") :])
         assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+ADD = {
+    "name": "add",
+    "description": "Add two integers",
+    "input_schema": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_tool_use_with_the_real_model(default_model_path):
+    """tool_choice any / tool / auto / none, whole and streamed (the client's stream helper accumulates
+    the input_json_delta), and a follow-up turn with the tool_use and its tool_result."""
+    import jsonschema
+
+    from llamacy import Llama
+    from llamacy.scheduler import Scheduler
+    from llamacy.server import ServerSettings, ServerThread, create_app
+
+    llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
+    sched = Scheduler(llm, n_parallel=2, n_ctx=1024, n_threads=2).start()
+    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    srv = ServerThread(create_app(sched, tpl, ServerSettings(model_name="tiny"))).start()
+    try:
+        c = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
+        kw = {"model": "tiny", "max_tokens": 80, "extra_body": GREEDY}
+        schemas = {"get_weather": WEATHER["input_schema"], "add": ADD["input_schema"]}
+        for choice in ({"type": "any"}, {"type": "tool", "name": "add"}):
+            m = c.messages.create(messages=ASK, tools=[WEATHER, ADD], tool_choice=choice, **kw)
+            assert m.stop_reason == "tool_use" and [b.type for b in m.content] == ["tool_use"]
+            use = m.content[0]
+            assert use.id.startswith("toolu_") and isinstance(use.input, dict)
+            jsonschema.validate(use.input, schemas[use.name])
+            if choice["type"] == "tool":
+                assert use.name == "add"
+        m = c.messages.create(
+            messages=ASK, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}, **kw
+        )
+        [use] = m.content
+        assert use.name == "get_weather" and set(use.input) == {"city"}
+        # Streamed: the SDK's accumulator turns the input_json_delta back into the input.
+        with c.messages.stream(
+            messages=ASK, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}, **kw
+        ) as s:
+            events = list(s)
+            final = s.get_final_message()
+        assert final.stop_reason == "tool_use" and [b.type for b in final.content] == ["tool_use"]
+        assert final.content[0].name == "get_weather" and final.content[0].input == use.input
+        kinds = [e.type for e in events if e.type.startswith("content_block")]
+        assert kinds[:3] == ["content_block_start", "content_block_delta", "content_block_stop"]
+        start = next(e for e in events if e.type == "content_block_start")
+        assert start.index == 0 and start.content_block.type == "tool_use" and start.content_block.input == {}
+        delta = next(e for e in events if e.type == "content_block_delta")
+        assert delta.delta.type == "input_json_delta" and json.loads(delta.delta.partial_json) == use.input
+        # The wire events, exactly.
+        r = httpx.post(
+            srv.url + "/v1/messages",
+            json={"model": "tiny", "max_tokens": 80, "messages": ASK, "tools": [WEATHER], "stream": True,
+                  "tool_choice": {"type": "any"}, "temperature": 0},
+            timeout=300,
+        )  # fmt: skip
+        names = [name for name, _ in sse(r)]
+        assert names == [
+            "message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
+            "message_delta", "message_stop",
+        ]  # fmt: skip
+        # auto: the model decides; none: text. Streamed and whole agree.
+        for choice in ({"type": "auto"}, {"type": "none"}):
+            m = c.messages.create(messages=ASK, tools=[WEATHER], tool_choice=choice, **kw)
+            with c.messages.stream(messages=ASK, tools=[WEATHER], tool_choice=choice, **kw) as s:
+                streamed = s.get_final_message()
+            assert [b.model_dump() for b in streamed.content if b.type == "text"] == [
+                b.model_dump() for b in m.content if b.type == "text"
+            ]
+            assert streamed.stop_reason == m.stop_reason
+            if choice["type"] == "none":
+                assert m.stop_reason in ("end_turn", "max_tokens") and m.content[0].text
+        # Structured outputs: output_config.format's schema, whole and streamed.
+        person = {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 20},
+                "age": {"type": "integer", "minimum": 0},
+            },
+            "required": ["name", "age"],
+        }
+        fmt = {"output_config": {"format": {"type": "json_schema", "schema": person}}, **GREEDY}
+        ask = [{"role": "user", "content": "Describe a person."}]
+        m = c.messages.create(model="tiny", max_tokens=80, messages=ask, extra_body=fmt)
+        jsonschema.validate(json.loads(m.content[0].text), person)
+        with c.messages.stream(model="tiny", max_tokens=80, messages=ask, extra_body=fmt) as s:
+            assert "".join(s.text_stream) == m.content[0].text
+        # The follow-up turn: the assistant's tool_use blocks as returned, and the tool's result.
+        follow = [
+            *ASK,
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": '{"temperature": 21, "sky": "sunny"}'}],
+            },
+        ]  # fmt: skip
+        m2 = c.messages.create(messages=follow, tools=[WEATHER], **kw)
+        assert m2.content and m2.stop_reason in ("end_turn", "max_tokens", "tool_use")
+        # It renders as the OpenAI route renders the same turn with a tool message.
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        oai_call = {"id": use.id, "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(final.content[0].input)}}  # fmt: skip
+        want = oai.chat.completions.create(
+            model="tiny", max_tokens=80, temperature=0,
+            messages=[*ASK, {"role": "assistant", "content": None, "tool_calls": [oai_call]},
+                      {"role": "tool", "tool_call_id": use.id, "content": '{"temperature": 21, "sky": "sunny"}'}],
+            tools=[{"type": "function", "function": {"name": WEATHER["name"], "description": WEATHER["description"],
+                                                     "parameters": WEATHER["input_schema"]}}],
+        )  # fmt: skip
+        assert m2.usage.input_tokens == want.usage.prompt_tokens
+        if not want.choices[0].message.tool_calls:
+            assert m2.content[0].text == want.choices[0].message.content
+        assert c.messages.count_tokens(model="tiny", messages=follow, tools=[WEATHER]).input_tokens == (
+            want.usage.prompt_tokens
+        )
+    finally:
+        sched.shutdown()
+        srv.stop()

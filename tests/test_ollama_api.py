@@ -249,11 +249,24 @@ def test_errors_in_ollamas_shape(client, http):
         post("/api/chat", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}), 400, "role"
     )
     assert_ollama_error(
-        post("/api/chat", {"model": "tiny", "messages": MSGS, "format": "json"}), 400, "format"
+        post("/api/chat", {"model": "tiny", "messages": MSGS, "format": "yaml"}), 400, "format must be"
     )
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    schema = {"type": "integer", "minimum": 3, "maximum": 1}
     assert_ollama_error(
-        post("/api/generate", {"model": "tiny", "prompt": "Hi", "format": schema}), 400, "format"
+        post("/api/generate", {"model": "tiny", "prompt": "Hi", "format": schema}), 400, "JSON schema"
+    )
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": MSGS, "format": {"type": "objekt"}}), 400, "objekt"
+    )
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": MSGS, "tools": [bad_tool]}), 400, "tool 'f'"
+    )
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "x"}}]}
+    assert_ollama_error(
+        post("/api/chat", {"model": "tiny", "messages": [*MSGS, call, *MSGS]}),
+        400,
+        "arguments must be an object",
     )
     assert_ollama_error(
         post("/api/chat", {"model": "tiny", "messages": MSGS, "think": True}), 400, "thinking"
@@ -274,18 +287,6 @@ def test_errors_in_ollamas_shape(client, http):
         post("/api/generate", {"model": "tiny", "prompt": "Hi", "context": [10**9]}), 400, "vocabulary"
     )
 
-    def add(a: int, b: int) -> int:
-        """Add two numbers.
-
-        Args:
-          a: a number
-          b: another
-        """
-        return a + b
-
-    with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model="tiny", messages=MSGS, tools=[add])
-    assert e.value.status_code == 400 and "tools" in e.value.error
     # Unknown fields are ignored, as Ollama ignores them; an empty tool list is no tools.
     ok = post(
         "/api/generate",
@@ -421,6 +422,125 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
             options={"temperature": 0, "num_predict": 8},
         )
         assert g.response == raw.choices[0].text
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_format_and_tools_with_the_real_model(default_model_path):
+    """format "json" and a JSON schema on /api/generate and /api/chat, streamed and not; a tool call in
+    Ollama's shape (arguments an object) and a follow-up turn carrying it and the tool's result."""
+    from llamacy import Llama
+    from llamacy.scheduler import Scheduler
+    from llamacy.server import ServerSettings, ServerThread, create_app
+
+    llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
+    sched = Scheduler(llm, n_parallel=2, n_ctx=1024, n_threads=2).start()
+    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    srv = ServerThread(create_app(sched, tpl, ServerSettings(model_name="tiny"))).start()
+    try:
+        _format_and_tools(srv)
+    finally:
+        sched.shutdown()
+        srv.stop()
+
+
+def _format_and_tools(srv) -> None:
+    import jsonschema
+
+    c = ollama.Client(host=srv.url, timeout=300)
+    opts = {"temperature": 0, "num_predict": 60}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+    }
+    ask = [{"role": "user", "content": "Describe a person."}]
+    r = c.chat(model="tiny", messages=ask, format=schema, options=opts)
+    jsonschema.validate(json.loads(r.message.content), schema)
+    streamed = "".join(
+        p.message.content
+        for p in c.chat(model="tiny", messages=ask, format=schema, options=opts, stream=True)
+    )
+    assert streamed == r.message.content
+    g = c.generate(model="tiny", prompt="Describe a person.", format=schema, options=opts)
+    jsonschema.validate(json.loads(g.response), schema)
+    # JSON mode: any object (cut short by num_predict, it is still an object's beginning).
+    g = c.generate(model="tiny", prompt="Give me a user as JSON", format="json", options=opts)
+    assert g.response.lstrip().startswith("{")
+    if g.done_reason == "stop":
+        assert isinstance(json.loads(g.response), dict)
+    streamed = "".join(
+        p.response
+        for p in c.generate(
+            model="tiny", prompt="Give me a user as JSON", format="json", options=opts, stream=True
+        )
+    )
+    assert streamed == g.response
+    raw = c.generate(model="tiny", prompt="A JSON list of colors:", raw=True, format="json", options=opts)
+    assert raw.response.lstrip().startswith("{")
+
+    # A tool call: no tool_choice in Ollama's API, so the conversation asks for one.
+    calling = [
+        {"role": "system", "content": "Answer only with a <tool_call>."},
+        {"role": "user", "content": "<tool_call>"},
+    ]
+    r = c.chat(model="tiny", messages=calling, tools=[WEATHER], options=opts)
+    assert r.message.content == "" and r.done_reason == "stop"
+    [call] = r.message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
+    jsonschema.validate(dict(call.function.arguments), WEATHER["function"]["parameters"])
+    parts = list(c.chat(model="tiny", messages=calling, tools=[WEATHER], options=opts, stream=True))
+    assert "".join(p.message.content for p in parts) == ""
+    assert [tc for p in parts for tc in p.message.tool_calls or []] == [call]
+    assert parts[-1].done and not parts[-2].done and parts[-2].message.tool_calls
+    # The raw wire shape: arguments an object, not JSON text. (The tools as the client sends them: its
+    # key order makes the prompt, and a model this small answers a different prompt differently.)
+    sent = [ollama.Tool.model_validate(WEATHER).model_dump(exclude_none=True)]
+    wire = httpx.post(
+        srv.url + "/api/chat",
+        json={"model": "tiny", "messages": calling, "tools": sent, "stream": False, "options": opts},
+        timeout=300,
+    ).json()
+    assert wire["message"]["tool_calls"] == [
+        {"function": {"name": "get_weather", "arguments": dict(call.function.arguments)}}
+    ]
+
+    # The follow-up turn: the assistant's call and the tool's result, as the client sends them back.
+    follow = [
+        *calling,
+        r.message,
+        {"role": "tool", "content": '{"temperature": 21}', "tool_name": "get_weather"},
+    ]
+    r2 = c.chat(model="tiny", messages=follow, tools=[WEATHER], options=opts)
+    assert r2.message.content or r2.message.tool_calls
+    r3 = c.chat(model="tiny", messages=follow, options=opts)  # no tools offered: the history still renders
+    assert r3.message.content
+    # The same prompt as the OpenAI route's for the same conversation (through the tool prompt).
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    oai_call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps(dict(call.function.arguments))},
+    }
+    want = oai.chat.completions.create(
+        model="tiny",
+        messages=[*calling, {"role": "assistant", "content": "", "tool_calls": [oai_call]}, {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'}],
+        tools=sent, max_tokens=60, temperature=0,
+    )  # fmt: skip
+    assert r2.prompt_eval_count == want.usage.prompt_tokens
 
 
 @pytest.mark.slow

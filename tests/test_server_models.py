@@ -171,6 +171,45 @@ def test_max_memory_unloads_the_least_recently_used(both, solo):
         assert ask(cli, "gemma3-270m") == solo["gemma3-270m"]  # the stream is over: room again
 
 
+class _StubScheduler:
+    def __init__(self) -> None:
+        self.alive = True
+
+    def shutdown(self) -> None:
+        self.alive = False
+
+
+def test_a_load_waits_for_a_model_that_is_just_going_idle(monkeypatch):
+    """Room held by a busy model: the load waits for it to go idle (a request just ending) rather than
+    answering 503 at once; one that stays busy past ROOM_WAIT_S gets the 503."""
+    import threading
+
+    import llamacy.server.models as models
+    from llamacy.server.errors import APIError
+    from llamacy.server.models import ServedModel, holding
+
+    specs = [ModelSpec("a", "a", 10), ModelSpec("b", "b", 10)]
+    registry = ModelRegistry(
+        specs, lambda spec: ServedModel(spec.name, _StubScheduler(), None), max_memory=15
+    )
+    with holding() as release:
+        a = registry.get("a")
+        assert a.busy
+        threading.Timer(0.3, release).start()  # the request holding it ends meanwhile
+        t0 = time.monotonic()
+        b = registry.get("b")
+    assert 0.25 < time.monotonic() - t0 < models.ROOM_WAIT_S
+    assert b.name == "b" and not a.scheduler.alive and not registry.is_loaded("a")
+    monkeypatch.setattr(models, "ROOM_WAIT_S", 0.2)
+    with holding():
+        registry.get("b")
+        t0 = time.monotonic()
+        with pytest.raises(APIError) as e:
+            registry.get("a")
+        assert e.value.status == 503 and time.monotonic() - t0 >= 0.2
+    assert registry.get("a").name == "a"  # b idle again: unloaded to make room
+
+
 def test_idle_models_are_unloaded(both, solo):
     with serving(both, idle_unload_s=0.5) as (srv, _registry):
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)

@@ -3,7 +3,10 @@ message_start ... content_block_delta ... message_stop) and POST /v1/messages/co
 Anthropic's {"type": "error", "error": {"type", "message"}, "request_id"}.
 
 The conversation goes through the model's chat template like the OpenAI chat route's, so a greedy answer
-here equals the OpenAI endpoint's for the same messages.
+here equals the OpenAI endpoint's for the same messages. Custom tools are offered through the same
+structured-output layer (server/structured.py, anthropic_tools.py): a call comes back as a tool_use block
+with stop_reason "tool_use", streamed as content_block_start (the block, input {}), one input_json_delta
+with the whole input, content_block_stop. output_config.format's JSON schema constrains the text.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from starlette.routing import Route
 import llamacy.server.generation as gen
 from llamacy.scheduler import Done, Failed, Piece
 from llamacy.server.anthropic_schemas import CountTokensRequest, MessagesRequest
+from llamacy.server.anthropic_tools import openai_tool_choice, openai_tools, tool_use_blocks
 from llamacy.server.dialect import collect
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
+from llamacy.server.structured import attach_constraints, structured_request
+from llamacy.structured import StructuredRequest
 
 # Anthropic's error type for each status; 529 is its "overloaded": here a full queue and every 503 (the
 # server shutting down, no memory to load the model now), all worth a retry later.
@@ -65,13 +71,32 @@ def _failure(ev: Failed) -> APIError:
     return APIError(_OVERLOADED, ev.message) if ev.shutdown else APIError(500, ev.message)
 
 
-async def _prompt(served: ServedModel, body: CountTokensRequest | MessagesRequest) -> list[int]:
+async def _prompt(
+    served: ServedModel, body: CountTokensRequest | MessagesRequest
+) -> tuple[list[int], StructuredRequest]:
+    """The prompt's token ids (the tools offered in it), and what the reply may be."""
     conv = body.conversation()
-    return await gen.encode_chat(served, conv.messages, prefill=conv.prefill)
+    choice, parallel = openai_tool_choice(body.tool_choice, body.tools)
+    structured = await structured_request(
+        served,
+        chat=True,
+        json_schema=body.output_schema(),
+        tools=openai_tools(body.tools),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+    )
+    if structured.tools.forced and conv.prefill:
+        raise APIError(
+            400, "a final assistant message (prefill) cannot be continued when tool_choice forces tool use"
+        )
+    ids = await gen.encode_chat(served, conv.messages, structured, prefill=conv.prefill)
+    return ids, structured
 
 
-def _stop(done: Done, body: MessagesRequest) -> tuple[str, str | None]:
+def _stop(done: Done, body: MessagesRequest, calls: bool = False) -> tuple[str, str | None]:
     """stop_reason and stop_sequence."""
+    if calls:
+        return "tool_use", None
     if done.finish_reason == "stop":
         if done.stop_string is not None and done.stop_string in (body.stop_sequences or ()):
             return "stop_sequence", done.stop_string
@@ -85,11 +110,28 @@ def _event(kind: str, obj: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **obj}, ensure_ascii=False)}\n\n"
 
 
+def _block_events(index: int, block: dict[str, Any]) -> list[str]:
+    """A whole content block as stream events: start, one delta with all of it, stop."""
+    if block["type"] == "tool_use":
+        start, delta = (
+            {**block, "input": {}},
+            {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+        )
+    else:
+        start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+    return [
+        _event("content_block_start", {"index": index, "content_block": start}),
+        _event("content_block_delta", {"index": index, "delta": delta}),
+        _event("content_block_stop", {"index": index}),
+    ]
+
+
 async def messages(request: Request) -> Response:
     body: MessagesRequest = parse(MessagesRequest, await request.body())
     served = await state_of(request).models.acquire(body.model)
-    ids = await _prompt(served, body)
+    ids, structured = await _prompt(served, body)
     req = gen.build_request(served, body.sampling(), ids, body.max_tokens, chat=True)
+    await attach_constraints(served, structured, [req])
     call = await gen.start(served, [req])
     message = {
         "id": f"msg_{uuid.uuid4().hex}",
@@ -103,20 +145,44 @@ async def messages(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
             usage = {"input_tokens": len(ids), "output_tokens": 0}
+            # With tools, text that may be a call is held back, and the text block opens with the first
+            # text to show (a forced call is all tool_use blocks); without, it opens at once, as Anthropic's.
+            parser = structured.stream()
+            text_open = parser is None
             async with gen.cancel_on_disconnect(request, call):
                 yield _event("message_start", {"message": {**start, "usage": usage}})
-                yield _event(
-                    "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
-                )
+                if text_open:
+                    yield _event(
+                        "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+                    )
                 yield _event("ping", {})
                 async for _, ev in call.events:
                     if isinstance(ev, Piece):
-                        if ev.text:
-                            delta = {"type": "text_delta", "text": ev.text}
+                        text = parser.feed(ev.text) if parser is not None else ev.text
+                        if text:
+                            if not text_open:
+                                text_open = True
+                                yield _event(
+                                    "content_block_start",
+                                    {"index": 0, "content_block": {"type": "text", "text": ""}},
+                                )
+                            delta = {"type": "text_delta", "text": text}
                             yield _event("content_block_delta", {"index": 0, "delta": delta})
                     elif isinstance(ev, Done):
-                        reason, seq = _stop(ev, body)
-                        yield _event("content_block_stop", {"index": 0})
+                        rest, calls = parser.finish() if parser is not None else ("", [])
+                        if text_open:
+                            if rest:
+                                delta = {"type": "text_delta", "text": rest}
+                                yield _event("content_block_delta", {"index": 0, "delta": delta})
+                            yield _event("content_block_stop", {"index": 0})
+                        elif rest or not calls:
+                            text_open = True
+                            for line in _block_events(0, {"type": "text", "text": rest}):
+                                yield line
+                        for i, block in enumerate(tool_use_blocks(calls), start=int(text_open)):
+                            for line in _block_events(i, block):
+                                yield line
+                        reason, seq = _stop(ev, body, bool(calls))
                         yield _event(
                             "message_delta",
                             {
@@ -135,11 +201,13 @@ async def messages(request: Request) -> Response:
     end, _ = await collect(request, call)
     if isinstance(end, Failed):
         raise _failure(end)
-    reason, seq = _stop(end, body)
+    text, calls, _ = structured.reply(end.text, end.finish_reason)
+    content = [{"type": "text", "text": text or ""}] if text or not calls else []
+    reason, seq = _stop(end, body, bool(calls))
     return JSONResponse(
         {
             **message,
-            "content": [{"type": "text", "text": end.text}],
+            "content": content + tool_use_blocks(calls),
             "stop_reason": reason,
             "stop_sequence": seq,
             "usage": {"input_tokens": end.usage.prompt_tokens, "output_tokens": end.usage.completion_tokens},
@@ -150,7 +218,8 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     body: CountTokensRequest = parse(CountTokensRequest, await request.body())
     served = await state_of(request).models.acquire(body.model)
-    return JSONResponse({"input_tokens": len(await _prompt(served, body))})
+    ids, _ = await _prompt(served, body)
+    return JSONResponse({"input_tokens": len(ids)})
 
 
 ROUTES = [

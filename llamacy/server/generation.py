@@ -135,9 +135,10 @@ def submit(served: ServedModel, request: GenerationRequest, listener: Callable[[
     """Queue a request; the model counts as busy (not to be unloaded) until it ends."""
 
     def on_event(ev: Event) -> None:
-        listener(ev)
+        # Finished before the event is handed on: a client that sees the end finds the model idle.
         if isinstance(ev, Done | Failed):
             served.finished()
+        listener(ev)
 
     served.submitted()
     try:

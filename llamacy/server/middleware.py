@@ -96,11 +96,19 @@ class NameReplica(HTTPMiddleware):
 
 
 class HoldModels(HTTPMiddleware):
-    """The models a request acquires stay loaded until its response has been sent (streams included)."""
+    """The models a request acquires stay loaded until its response has been sent (streams included). They
+    are let go just before the last message of the response goes out: once the client has the whole
+    response, its next request finds them idle (released after the send, it could race the release)."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with holding():
-            await self.app(scope, receive, send)
+        with holding() as release:
+
+            async def send_releasing(message: Message) -> None:
+                if message["type"] == "http.response.body" and not message.get("more_body", False):
+                    release()
+                await send(message)
+
+            await self.app(scope, receive, send_releasing)
 
 
 class RequireAPIKey(HTTPMiddleware):

@@ -7,7 +7,10 @@ Each loaded model has its own scheduler. `max_memory` bounds the sum of the load
 (estimated before loading, see `llamacy serve`); to load one more, the least recently used idle models are
 unloaded first. A model is busy (never unloaded) while a request holds it: from acquire until the HTTP
 response ends (`holding()`, entered by the middleware), and while the scheduler has requests of it (so a
-job outlives its POST). With `idle_unload_s`, a thread unloads models idle that long.
+job outlives its POST). A request that needs room held by busy models waits up to ROOM_WAIT_S for them to
+go idle before its 503: a stream the client has just closed lets go of its model only once the server has
+noticed the disconnect and the scheduler has cancelled it at its next step, moments later.
+With `idle_unload_s`, a thread unloads models idle that long.
 
 A leaf under the routes: it knows schedulers and templates, nothing about HTTP state or endpoints.
 """
@@ -33,6 +36,8 @@ from llamacy.server.mailbox import LoopMailbox
 
 log = logging.getLogger("llamacy.server")
 
+ROOM_WAIT_S = 2.0  # how long a load waits for busy models to go idle before answering 503
+
 
 @dataclass(eq=False)
 class ServedModel:
@@ -46,6 +51,8 @@ class ServedModel:
     _holds: int = field(default=0, init=False, repr=False)  # requests holding it (acquire .. response end)
     _in_flight: int = field(default=0, init=False, repr=False)  # submitted to the scheduler, not finished
     last_active: float = field(default_factory=time.monotonic, init=False, repr=False)
+    # Called (outside the lock) each time the model goes idle: the registry wakes loads waiting for room.
+    on_idle: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     @property
     def tokenizer(self) -> Any:
@@ -69,6 +76,9 @@ class ServedModel:
         with self._lock:
             setattr(self, attr, getattr(self, attr) + delta)
             self.last_active = time.monotonic()
+            went_idle = delta < 0 and not self.busy
+        if went_idle and self.on_idle is not None:
+            self.on_idle()
 
     def hold(self) -> None:
         self._count("_holds", 1)
@@ -100,16 +110,22 @@ _held: contextvars.ContextVar[list[ServedModel] | None] = contextvars.ContextVar
 
 
 @contextlib.contextmanager
-def holding() -> Iterator[None]:
-    """Around one HTTP request: the models it acquires stay loaded until the block ends."""
+def holding() -> Iterator[Callable[[], None]]:
+    """Around one HTTP request: the models it acquires stay loaded until the block ends, or until the
+    function it yields is called (the middleware calls it just before the response's last message, so that
+    a client that has read the whole response finds the models idle)."""
     held: list[ServedModel] = []
     token = _held.set(held)
+
+    def release() -> None:
+        while held:
+            held.pop().release()
+
     try:
-        yield
+        yield release
     finally:
         _held.reset(token)
-        for served in held:
-            served.release()
+        release()
 
 
 @dataclass
@@ -140,11 +156,13 @@ class ModelRegistry:
             raise ValueError("two models have the same name")
         for served in loaded:
             self._entries[served.name].served = served
+            served.on_idle = self._notify_idle
         self.default_name = specs[0].name
         self._load = load
         self.max_memory = max_memory
         self.idle_unload_s = idle_unload_s
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a loaded model goes idle
         self._closed = threading.Event()
         self._reaper: threading.Thread | None = None
         if idle_unload_s and load is not None:
@@ -218,9 +236,14 @@ class ModelRegistry:
             finally:
                 with self._lock:
                     entry.loading = False
+            served.on_idle = self._notify_idle
             with self._lock:
                 entry.served = served
                 return self._hold_locked(entry)
+
+    def _notify_idle(self) -> None:
+        with self._lock:
+            self._idle.notify_all()
 
     def _hold_locked(self, entry: _Entry) -> ServedModel:
         served = entry.served
@@ -237,34 +260,42 @@ class ModelRegistry:
 
     def _make_room_locked(self, spec: ModelSpec) -> list[ServedModel]:
         """Take out of service the least recently used idle models until `spec` fits the budget; they are
-        returned for the caller to shut down (outside the lock). APIError 503 if busy models leave no room."""
+        returned for the caller to shut down (outside the lock). While busy models leave no room, wait up to
+        ROOM_WAIT_S for them to go idle (the lock is let go meanwhile); then APIError 503."""
         if self.max_memory is None:
             return []
-        used = sum(e.spec.footprint for e in self._entries.values() if e.served is not None or e.loading)
-        idle = sorted(
-            (e for e in self._entries.values() if e.served is not None and not e.served.busy),
-            key=lambda e: e.served.last_active if e.served else 0.0,
-        )
-        victims: list[ServedModel] = []
-        while used + spec.footprint > self.max_memory and idle:
-            e = idle.pop(0)
-            assert e.served is not None
-            victims.append(e.served)
-            e.served = None
-            used -= e.spec.footprint
-        if used + spec.footprint > self.max_memory:
-            for v in victims:  # nothing is unloaded after all
-                self._entries[v.name].served = v
-            busy = ", ".join(e.spec.name for e in self._entries.values() if e.served is not None or e.loading)
-            raise APIError(
-                503,
-                f"not enough memory to load model {spec.name!r}: it needs {_mib(spec.footprint)} and "
-                f"{_mib(used)} of the {_mib(self.max_memory)} budget (--max-memory) is held by busy "
-                f"models ({busy}); retry later",
-                "insufficient_memory",
-                headers={"Retry-After": "5"},
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            used = sum(e.spec.footprint for e in self._entries.values() if e.served is not None or e.loading)
+            idle = sorted(
+                (e for e in self._entries.values() if e.served is not None and not e.served.busy),
+                key=lambda e: e.served.last_active if e.served else 0.0,
             )
-        return victims
+            chosen: list[_Entry] = []
+            while used + spec.footprint > self.max_memory and idle:
+                e = idle.pop(0)
+                chosen.append(e)
+                used -= e.spec.footprint
+            if used + spec.footprint <= self.max_memory:
+                victims = []
+                for e in chosen:
+                    assert e.served is not None
+                    victims.append(e.served)
+                    e.served = None
+                return victims
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._idle.wait(left)
+        busy = ", ".join(e.spec.name for e in self._entries.values() if e.served is not None or e.loading)
+        raise APIError(
+            503,
+            f"not enough memory to load model {spec.name!r}: it needs {_mib(spec.footprint)} and "
+            f"{_mib(used)} of the {_mib(self.max_memory)} budget (--max-memory) is held by busy "
+            f"models ({busy}); retry later",
+            "insufficient_memory",
+            headers={"Retry-After": "5"},
+        )
 
     def _unload(self, victims: list[ServedModel]) -> None:
         for served in victims:

@@ -6,6 +6,11 @@ prompt as a completion), so a greedy answer here equals the OpenAI endpoint's fo
 Durations are integer nanoseconds, timestamps RFC 3339 in UTC. A request loads its model if it is not
 loaded (load_duration says how long that took); when models unload is `llamacy serve`'s to say
 (--idle-unload, --max-memory), so keep_alive is accepted and has no effect. An empty prompt only loads.
+
+`format` ("json": any JSON object; an object: that JSON schema) constrains the answer, and /api/chat's
+`tools` are offered as the OpenAI route offers them (server/structured.py): a call comes back as
+message.tool_calls [{"function": {"name", "arguments": {...}}}] (arguments an object, as Ollama's), in the
+last piece before the final one when streamed; its result comes back as a "tool" message.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from llamacy.server.ollama_schemas import (
 )
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
+from llamacy.server.structured import attach_constraints, structured_request
+from llamacy.structured import StructuredRequest
 
 log = logging.getLogger("llamacy.server")
 
@@ -108,11 +115,25 @@ def _with_context(served: ServedModel, context: list[int] | None, ids: list[int]
 
 
 async def _start(
-    served: ServedModel, body: GenerateRequest | ChatRequest, opts: Options, ids: list[int], chat: bool
+    served: ServedModel,
+    body: GenerateRequest | ChatRequest,
+    opts: Options,
+    ids: list[int],
+    chat: bool,
+    structured: StructuredRequest,
 ) -> gen.Generation:
     max_tokens = _token_limit(served, opts, len(ids))
     req = gen.build_request(served, opts.sampling, ids, max_tokens, body.logprob_count(), chat=chat)
+    await attach_constraints(served, structured, [req])
     return await gen.start(served, [req])
+
+
+def _ollama_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's tool calls (arguments as JSON text) in Ollama's shape (arguments as an object)."""
+    return [
+        {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+        for c in calls
+    ]
 
 
 def _logprobs(served: ServedModel, lps: list[TokenLogprob] | None) -> dict[str, Any]:
@@ -131,11 +152,13 @@ async def _answer(
     call: gen.Generation,
     stream: bool,
     want_lp: bool,
-    part: Callable[[str], dict[str, Any]],
-    final: Callable[[Done, str], dict[str, Any]],
+    structured: StructuredRequest,
+    part: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
+    final: Callable[[Done, str, list[dict[str, Any]]], dict[str, Any]],
 ) -> Response:
-    """Stream NDJSON lines or answer one object. part(text) -> the fields of a piece of the answer;
-    final(done, text) -> the fields of the last object (text: the whole answer, or "" when streamed)."""
+    """Stream NDJSON lines or answer one object. part(text, calls) -> the fields of a piece of the answer;
+    final(done, text, calls) -> the fields of the last object (text: the whole answer, or "" when streamed;
+    calls: tool calls in Ollama's shape, streamed in a piece of their own)."""
 
     def head() -> dict[str, Any]:
         return {"model": model_card.tagged(served.name), "created_at": model_card.rfc3339()}
@@ -143,14 +166,20 @@ async def _answer(
     if stream:
 
         async def lines() -> AsyncIterator[str]:
+            parser = structured.stream()  # holds back text that may be a tool call (None: no tools)
             async with gen.cancel_on_disconnect(request, call):
                 async for _, ev in call.events:
                     if isinstance(ev, Piece):
-                        if ev.text or (want_lp and ev.logprobs):
+                        text = parser.feed(ev.text) if parser is not None else ev.text
+                        if text or (want_lp and ev.logprobs):
                             lps = _logprobs(served, ev.logprobs) if want_lp else {}
-                            yield _line({**head(), **part(ev.text), "done": False, **lps})
+                            yield _line({**head(), **part(text, []), "done": False, **lps})
                     elif isinstance(ev, Done):
-                        yield _line({**head(), **final(ev, ""), **_metrics(ev, clock)})
+                        if parser is not None:
+                            rest, calls = parser.finish()
+                            if rest or calls:
+                                yield _line({**head(), **part(rest, _ollama_calls(calls)), "done": False})
+                        yield _line({**head(), **final(ev, "", []), **_metrics(ev, clock)})
                     else:
                         yield _line({"error": ev.message})  # the client raises ResponseError
 
@@ -160,7 +189,9 @@ async def _answer(
     if isinstance(end, Failed):
         raise _failure(end)
     lps = _logprobs(served, lps_all) if want_lp else {}
-    return JSONResponse({**head(), **final(end, end.text), **_metrics(end, clock), **lps})
+    content, calls, _ = structured.reply(end.text, end.finish_reason)
+    fields = final(end, content or "", _ollama_calls(calls))
+    return JSONResponse({**head(), **fields, **_metrics(end, clock), **lps})
 
 
 def _done_reason(done: Done) -> str:
@@ -184,15 +215,16 @@ async def generate(request: Request) -> Response:
             }
         )
     opts = parse_options(body.options)
+    structured = await structured_request(served, chat=False, **body.format_fields())
     if body.raw:
         ids = await gen.encode_text(served, body.prompt)
     else:
         messages = [{"role": "system", "content": body.system}] if body.system else []
         ids = await gen.encode_chat(served, [*messages, {"role": "user", "content": body.prompt}])
     ids = _with_context(served, body.context, ids)
-    call = await _start(served, body, opts, ids, chat=not body.raw)
+    call = await _start(served, body, opts, ids, not body.raw, structured)
 
-    def final(done: Done, text: str) -> dict[str, Any]:
+    def final(done: Done, text: str, _calls: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {"response": text, "done": True, "done_reason": _done_reason(done)}
         if not body.raw:  # as Ollama: raw mode returns no context
             out["context"] = ids + done.tokens
@@ -205,7 +237,8 @@ async def generate(request: Request) -> Response:
         call,
         body.streaming(),
         body.logprobs is True,
-        lambda text: {"response": text},
+        structured,
+        lambda text, _calls: {"response": text},
         final,
     )
 
@@ -227,17 +260,20 @@ async def chat(request: Request) -> Response:
             }
         )
     opts = parse_options(body.options)
-    ids = await gen.encode_chat(served, [{"role": m.role, "content": m.content} for m in body.messages])
-    call = await _start(served, body, opts, ids, chat=True)
+    structured = await structured_request(served, chat=True, tools=body.tools or None, **body.format_fields())
+    ids = await gen.encode_chat(served, body.chat_messages(), structured)
+    call = await _start(served, body, opts, ids, True, structured)
 
-    def message(text: str) -> dict[str, Any]:
-        return {"message": {"role": "assistant", "content": text}}
+    def message(text: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        tool_calls = {"tool_calls": calls} if calls else {}
+        return {"message": {"role": "assistant", "content": text, **tool_calls}}
 
-    def final(done: Done, text: str) -> dict[str, Any]:
-        return {**message(text), "done": True, "done_reason": _done_reason(done)}
+    def final(done: Done, text: str, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        # Ollama's done_reason stays "stop" when the answer is a tool call.
+        return {**message(text, calls), "done": True, "done_reason": _done_reason(done)}
 
     return await _answer(
-        request, served, clock, call, body.streaming(), body.logprobs is True, message, final
+        request, served, clock, call, body.streaming(), body.logprobs is True, structured, message, final
     )
 
 

@@ -1,16 +1,18 @@
 """Ollama's request bodies and its `options` map.
 
 As Ollama's own server does, unknown fields and unknown option names are ignored, and a known field or
-option of the wrong type is refused. What would change the answer and cannot be honoured (images, tools,
-structured `format`, thinking, template overrides, fill-in-the-middle, mirostat and friends) is refused
-with a sentence saying so, rather than ignored.
+option of the wrong type is refused. What would change the answer and cannot be honoured (images,
+thinking, template overrides, fill-in-the-middle, mirostat and friends) is refused with a sentence saying
+so, rather than ignored. `format` ("json" or a JSON schema) and `tools` are served by the structured-output
+layer (ollama_routes.py).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,7 +35,7 @@ def _check_keep_alive(value: KeepAlive | None) -> None:
         raise APIError(400, f'keep_alive: invalid duration {value!r} (e.g. "5m", "1h", -1)')
 
 
-def _refuse(what: str) -> None:
+def _refuse(what: str) -> NoReturn:
     raise APIError(400, what)
 
 
@@ -51,8 +53,8 @@ class _Generation(_Body):
         if not self.model:
             _refuse("model is required")
         _check_keep_alive(self.keep_alive)
-        if self.format not in (None, ""):
-            _refuse("format (JSON mode and structured outputs) is not supported by this server")
+        if isinstance(self.format, str) and self.format not in ("", "json"):
+            _refuse(f'format must be "json" or a JSON schema object, got {self.format!r}')
         if self.think not in (None, False):
             _refuse(f"{self.model!r} does not support thinking")
         if self.top_logprobs and not self.logprobs:
@@ -60,6 +62,14 @@ class _Generation(_Body):
 
     def streaming(self) -> bool:
         return self.stream is not False
+
+    def format_fields(self) -> dict[str, Any]:
+        """`format` in the structured-output layer's terms: JSON mode, or output valid against a schema."""
+        if self.format == "json":
+            return {"response_format": {"type": "json_object"}}
+        if isinstance(self.format, dict):
+            return {"json_schema": self.format}
+        return {}
 
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -99,13 +109,38 @@ class ChatRequest(_Generation):
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.tools:
-            _refuse(f"{self.model!r} does not support tools")
         for i, m in enumerate(self.messages):
             if m.images:
                 _refuse(f"messages.{i}.images: {self.model!r} does not support images")
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages in the OpenAI terms the chat template and the tool prompt take: an earlier call's
+        arguments (an object in Ollama's shape) as JSON text, a tool result's tool_name as its name."""
+        out: list[dict[str, Any]] = []
+        for i, m in enumerate(self.messages):
+            msg: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:
-                _refuse(f"messages.{i}.tool_calls: {self.model!r} does not support tools")
+                msg["tool_calls"] = [
+                    _openai_call(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(m.tool_calls)
+                ]
+            if m.role == "tool" and m.tool_name:
+                msg["name"] = m.tool_name
+            out.append(msg)
+        return out
+
+
+def _openai_call(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        _refuse(f'{where} must be {{"function": {{"name": ..., "arguments": {{...}}}}}}')
+    args = fn.get("arguments", {})
+    if not isinstance(args, dict):
+        _refuse(f"{where}.function.arguments must be an object")
+    return {
+        "id": call.get("id") or f"call_{where.replace('.', '_')}",
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+    }
 
 
 class ShowRequest(_Body):

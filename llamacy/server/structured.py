@@ -1,4 +1,5 @@
-"""Structured output on the OpenAI routes: response_format, llama.cpp's grammar and json_schema fields, tools.
+"""Structured output on the OpenAI routes: response_format, llama.cpp's grammar and json_schema fields, tools;
+the Ollama and Anthropic routes translate their fields to these and call structured_request.
 
     s = await structured_for(served, body, chat=True)     # APIError 400 naming the field for bad input
     prompt ids: encode_chat(served, messages_of(body), s)
@@ -20,7 +21,7 @@ from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.structured import StructuredRequest
 
-__all__ = ["attach_constraints", "messages_of", "structured_for"]
+__all__ = ["attach_constraints", "messages_of", "structured_for", "structured_request"]
 
 
 def _param(message: str, given: list[str]) -> str | None:
@@ -37,12 +38,35 @@ def _param(message: str, given: list[str]) -> str | None:
 
 async def structured_for(served: ServedModel, body: Any, chat: bool) -> StructuredRequest:
     """The request's grammar and tools, checked; StructuredRequest.none() when it asks for neither."""
-    tools = getattr(body, "tools", None) if chat else None
-    tool_choice = getattr(body, "tool_choice", None) if chat else None
+    return await structured_request(
+        served,
+        chat=chat,
+        response_format=body.response_format,
+        grammar=body.grammar,
+        json_schema=body.json_schema,
+        tools=getattr(body, "tools", None) if chat else None,
+        tool_choice=getattr(body, "tool_choice", None) if chat else None,
+        parallel_tool_calls=getattr(body, "parallel_tool_calls", None) if chat else None,
+    )
+
+
+async def structured_request(
+    served: ServedModel,
+    *,
+    chat: bool,
+    response_format: Any = None,
+    grammar: str | None = None,
+    json_schema: Any = None,
+    tools: Any = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: Any = None,
+) -> StructuredRequest:
+    """structured_for with the fields given in OpenAI's terms (the other dialects translate theirs first);
+    APIError 400 naming the field for bad input."""
     fields = {
-        "response_format": body.response_format,
-        "grammar": body.grammar,
-        "json_schema": body.json_schema,
+        "response_format": response_format,
+        "grammar": grammar,
+        "json_schema": json_schema,
         "tools": tools,
         "tool_choice": tool_choice,
     }
@@ -53,12 +77,12 @@ async def structured_for(served: ServedModel, body: Any, chat: bool) -> Structur
     def build() -> StructuredRequest:
         s = StructuredRequest.from_request(
             served.template,
-            response_format=body.response_format,
-            grammar=body.grammar,
-            json_schema=body.json_schema,
+            response_format=response_format,
+            grammar=grammar,
+            json_schema=json_schema,
             tools=tools,
             tool_choice=tool_choice,
-            parallel_tool_calls=getattr(body, "parallel_tool_calls", None) if chat else None,
+            parallel_tool_calls=parallel_tool_calls,
         )
         if s.constrained:
             s.constraint(served.tokenizer)  # builds the vocabulary view now, and proves the grammar loads

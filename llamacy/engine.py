@@ -12,6 +12,7 @@ import numpy as np
 
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
+from llamacy.generation.speculate import speculation
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
 from llamacy.structured import Constraint, Grammar, request_grammar
 
@@ -165,14 +166,20 @@ class Llama:
         add_bos: bool | None = None,
         grammar: Grammar | None = None,
         constraint: Any = None,
+        speculate: str | None = None,
+        draft_max: int | None = None,
+        ngram: int | None = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
         is incomplete, and a last (-1, text) carries text held back to the end. self.last holds the
         Completion (text, finish_reason, stats) as it grows. `grammar` (from llamacy.structured, e.g.
         json_schema_grammar(schema)) confines the output to it; `constraint` is a per-sequence one already
-        made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar)."""
+        made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar). speculate="ngram" drafts
+        up to draft_max tokens per step by prompt lookup (n-grams up to `ngram` long) and verifies them in
+        one batched step: greedy output is identical, sampled output keeps its distribution."""
         params = sampling_params(sampling)
+        spec = speculation(speculate, draft_max, ngram)
         if grammar is not None:
             if constraint is not None:
                 raise UsageError("give a grammar or a constraint, not both")
@@ -181,7 +188,9 @@ class Llama:
             max_tokens = None  # -1: until the context is full or the model stops
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
         session = self.session  # built on first use, which load_s then includes
-        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint)
+        yield from session.generate(
+            ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint, speculate=spec
+        )
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from llamacy.errors import ContextOverflowError, LlamacyError, UsageError
+from llamacy.generation.speculate import verify_token
 from llamacy.sampling import Sampler, SamplingParams
 from llamacy.stopping import StopMatcher
 from llamacy.structured.decode import next_tokens
@@ -117,17 +118,21 @@ class SequenceState:
     def at_limit(self) -> bool:
         return self.max_tokens is not None and len(self.tokens) >= self.max_tokens
 
-    def step(self, logits: np.ndarray, context_full: bool, room: int = 1) -> Step:
+    def step(self, logits: np.ndarray, context_full: bool, room: int = 1, draft: int | None = None) -> Step:
         """The next token from the logits of the last evaluated position. context_full: the cache has no
         room to evaluate another token, so the one sampled now is the last. room: how many tokens the cache
-        can still take (a constrained step may add forced tokens up to it)."""
+        can still take (a constrained step may add forced tokens up to it). draft: a speculative guess for
+        this position, verified by a rule that keeps the sampling distribution exact (speculate.py)."""
         if self.at_limit:  # max_tokens = 0
             return Step(None, "", None, "length")
         if self.constraint is not None:
             return self._constrained_step(logits, context_full, room)
         t0 = time.perf_counter() if self.timed else 0.0
         try:
-            tok = self.sampler.sample(logits, self.history)
+            if draft is None:
+                tok = self.sampler.sample(logits, self.history)
+            else:
+                tok = verify_token(self.sampler, logits, self.history, draft)
         except ValueError:
             # The sampler refuses NaN and infinite logits; checked here only then, off the hot path.
             if np.isfinite(logits.max()):  # max() is NaN if any logit is NaN

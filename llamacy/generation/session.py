@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamacy.generation.speculate import NgramDrafter, Speculation
-from llamacy.generation.steps import SequenceState, check_prompt
+from llamacy.generation.steps import SequenceState, check_prompt, verified_steps
 from llamacy.sampling import Sampler, SamplingParams
 
 
@@ -103,20 +103,15 @@ class Session:
         drafter = NgramDrafter(speculate) if speculate is not None and constraint is None else None
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
-        logits = model.eval(ids[keep:], logits="last")
+        rows = model.eval(ids[keep:], logits="last")[None, :]
         t_gen = time.perf_counter()
         st.prompt_s = t_gen - t0
         draft: list[int] = []
         while True:
-            # rows: the logits after each token evaluated last; draft[i] was guessed for the position of
-            # rows[i]. Each position is stepped as plain decoding would, with the history it would have.
-            rows = logits if draft else logits[None, :]
-            base = kv.length(0) - len(draft)  # the cache as plain decoding would hold it at rows[0]
-            step = None
-            for i, row in enumerate(rows):
-                room = self.n_ctx - base - i
-                guess = draft[i] if i < len(draft) else None
-                step = state.step(row, context_full=room <= 0, room=room, draft=guess)
+            cached = kv.length(0) - len(draft)  # the cache as plain decoding would hold it at rows[0]
+            n_steps = 0
+            for step in verified_steps(state, rows, draft, cached, self.n_ctx):
+                n_steps += 1
                 if not done.tokens:
                     st.first_token_s = time.perf_counter() - t0
                 if step.token is not None:
@@ -127,23 +122,24 @@ class Session:
                     yield step.token, step.piece
                     for tok in step.forced:  # their text came with the first token's piece
                         yield tok, ""
-                if step.finish_reason is not None or step.token != guess:
-                    break
-                st.draft_accepted += 1
+            accepted = n_steps - 1
+            st.draft_accepted += accepted
             # Drafts after the one rejected (or after the end) hold cache positions plain decoding never
             # filled: forget them.
-            kv.truncate(0, base + i)
+            kv.truncate(0, cached + accepted)
             if step.finish_reason is not None:
                 done.finish_reason = step.finish_reason
                 break
             if drafter is not None:
-                drafter.feedback(len(draft), i)
+                drafter.feedback(len(draft), accepted)
             pending = [step.token, *step.forced]
             draft = self._draft(drafter, state, kv.length(0) + len(pending), max_tokens)
             st.draft_tokens += len(draft)
-            logits = model.eval(pending + draft, logits="all" if draft else "last")
+            # With drafts, the logits of the last pending token and of every draft; else of the last token.
             if draft:
-                logits = logits[len(pending) - 1 :]
+                rows = model.eval(pending + draft, logits="all")[len(pending) - 1 :]
+            else:
+                rows = model.eval(pending, logits="last")[None, :]
             st.gen_s = time.perf_counter() - t_gen
         tail = state.flush()
         if tail:

@@ -12,7 +12,7 @@ Prefix reuse lives with the KV cache (KVCache.reuse_prefix), which both generato
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -208,3 +208,20 @@ class SequenceState:
         if tail:
             self.text.append(tail)
         return tail
+
+
+def verified_steps(
+    state: SequenceState, rows: np.ndarray, draft: Sequence[int], cached: int, n_ctx: int
+) -> Iterator[Step]:
+    """The steps of a sequence over the logits of one batched evaluation of its pending token(s) and
+    `draft`: rows[i] is the position where draft[i] was guessed, the last row the one after all drafts.
+    Each position is stepped as plain decoding would step it (the history holds the drafts before it; the
+    cache, seen as `cached` + i tokens of n_ctx), and the steps end at the first token that differs from its
+    draft or that ends the sequence. The caller keeps cached + (steps - 1) positions of the cache."""
+    for i, row in enumerate(rows):
+        room = n_ctx - cached - i
+        guess = draft[i] if i < len(draft) else None
+        step = state.step(row, context_full=room <= 0, room=room, draft=guess)
+        yield step
+        if step.finish_reason is not None or step.token != guess:
+            return

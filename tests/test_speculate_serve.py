@@ -72,3 +72,70 @@ def test_greedy_batched_drafts_equal_plain_decoding(llm):
         results = [h.result(timeout=120) for h in handles]
     assert [d.tokens for d in results] == [toks for toks, _ in plain]
     assert [d.text for d in results] == [text for _, text in plain]
+
+
+# -- the HTTP request field, with the real OpenAI client ------------------------------------------------------
+
+
+def test_openai_requests_speculate_per_request(llm):
+    import openai
+
+    from tests.test_server import running_server, solo_text
+
+    with running_server(llm) as (srv, _sched):
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        prompt = "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"
+        r = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=24,
+            temperature=0,
+            extra_body={"speculate": "ngram", "draft_max": 4, "ngram": 1},
+        )
+        assert r.choices[0].text == solo_text(llm, prompt, 24, temperature=0)
+        chat = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=16,
+            seed=3,
+            extra_body={"speculate": "ngram"},
+        )
+        assert chat.choices[0].finish_reason in ("stop", "length")
+        for body, fragment in [
+            ({"speculate": "beam"}, "speculate"),
+            ({"speculate": "ngram", "draft_max": 0}, "draft_max"),
+            ({"draft_max": 4}, "go with speculate"),
+        ]:
+            with pytest.raises(openai.BadRequestError, match=fragment):
+                client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_body=body)
+
+
+# -- llamacy batch ---------------------------------------------------------------------------------------------
+
+
+def test_batch_items_and_defaults_speculate(llm, tmp_path):
+    import json
+
+    from tests.test_cli import llamacy
+
+    items = tmp_path / "in.jsonl"
+    prompts = ["1 2 3 4 5 6 7 8 9 10", "the the the the", "Hello"]
+    lines = [
+        {"id": 0, "prompt": prompts[0], "speculate": "ngram", "ngram": 1},
+        {"id": 1, "prompt": prompts[1]},
+    ]
+    lines.append({"id": 2, "prompt": prompts[2], "speculate": "ngram", "draft_max": 0})
+    items.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    r = llamacy(
+        "batch", str(items), "-o", str(out), "-m", str(llm.model_path), "-n", "16", "--temp", "0", "-t", "1",
+        "--speculate", "ngram", "--draft-max", "8",
+    )  # fmt: skip
+    results = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert "draft_max" in results[2]["error"], r.stderr  # a bad item fails alone, in one line
+    for i in (0, 1):
+        assert results[i]["completion"] == solo_text_of(llm, prompts[i])
+
+
+def solo_text_of(llm, prompt: str) -> str:
+    return "".join(llm.generate(prompt, max_tokens=16, temperature=0))

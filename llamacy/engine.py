@@ -12,7 +12,7 @@ import numpy as np
 
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
-from llamacy.generation.speculate import speculation
+from llamacy.generation.speculate import same_vocabulary, speculation
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
 from llamacy.structured import Constraint, Grammar, request_grammar
 
@@ -169,6 +169,7 @@ class Llama:
         speculate: str | None = None,
         draft_max: int | None = None,
         ngram: int | None = None,
+        draft_model: str | PathLike | None = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
@@ -177,9 +178,12 @@ class Llama:
         json_schema_grammar(schema)) confines the output to it; `constraint` is a per-sequence one already
         made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar). speculate="ngram" drafts
         up to draft_max tokens per step by prompt lookup (n-grams up to `ngram` long) and verifies them in
-        one batched step: greedy output is identical, sampled output keeps its distribution."""
+        one batched step: greedy output is identical, sampled output keeps its distribution.
+        speculate="draft" drafts with draft_model instead (a path or name; a smaller model with the same
+        vocabulary, loaded on first use and kept)."""
         params = sampling_params(sampling)
-        spec = speculation(speculate, draft_max, ngram)
+        spec = speculation(speculate, draft_max, ngram, draft_model)
+        drafter_model = self._draft_model(spec.draft_model) if spec is not None and spec.draft_model else None
         if grammar is not None:
             if constraint is not None:
                 raise UsageError("give a grammar or a constraint, not both")
@@ -189,8 +193,25 @@ class Llama:
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
         session = self.session  # built on first use, which load_s then includes
         yield from session.generate(
-            ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint, speculate=spec
+            ids,
+            params,
+            max_tokens,
+            stop,
+            load_s=self.load_s,
+            constraint=constraint,
+            speculate=spec,
+            draft_model=drafter_model,
         )
+
+    def _draft_model(self, name: str) -> Model:
+        """The single-sequence Model of a draft model (loaded on first use, kept), checked to share this
+        model's vocabulary."""
+        drafts = vars(self).setdefault("_drafts", {})
+        if name not in drafts:
+            draft = Llama(name, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
+            same_vocabulary(self, draft, draft.model_path.name)
+            drafts[name] = draft
+        return drafts[name].model
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any

@@ -52,6 +52,9 @@ def test_drafter_length_adapts_to_acceptance():
         (("ngram", 0), "draft_max (--draft-max) must be an integer in [1, 64]"),
         (("ngram", 4, 0), "ngram (--ngram) must be an integer in [1, 16]"),
         (("ngram", True), "draft_max"),
+        (("draft",), "--speculate draft needs --draft-model"),
+        (("ngram", 4, 3, "m.gguf"), "--draft-model goes with it"),
+        ((None, None, None, "m.gguf"), "--draft-model goes with --speculate draft"),
     ],
 )
 def test_bad_options_are_one_line_errors(args, message):
@@ -84,7 +87,7 @@ def _bound(df: int) -> float:
 SAMPLED = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
 
 
-def _wrong_rule(sampler, logits, history, draft):
+def _wrong_rule(sampler, logits, history, draft, q=None):
     """A plausible mistake: accept with probability p(x), but on rejection draw from p itself (x included)."""
     ids, probs = sampler.distribution(logits, history)
     hit = np.flatnonzero(ids == draft)
@@ -225,6 +228,38 @@ def test_session_with_drafts_samples_the_target_distribution(monkeypatch, rule, 
     assert (stat < _bound(df)) == ok, (stat, df)
 
 
+def _no_residual_rule(sampler, logits, history, draft, q=None):
+    """A classic mistake: accept with min(1, p/q), but on rejection draw from p instead of max(0, p - q).
+    (The prompt-lookup rule would not do as a wrong rule: it is exact whatever chose the draft.)"""
+    ids, probs = sampler.distribution(logits, history)
+    p = dict(zip(ids.tolist(), probs.tolist(), strict=True)).get(draft, 0.0)
+    qx = dict(zip(q[0].tolist(), q[1].tolist(), strict=True))[draft]
+    if sampler.rng.random() * qx < p:
+        return draft
+    return sampler.sample(logits, history)
+
+
+@pytest.mark.parametrize("rule, ok", [(None, True), (_no_residual_rule, False)])
+def test_session_with_a_draft_model_samples_the_target_distribution(monkeypatch, rule, ok):
+    if rule is not None:
+        monkeypatch.setattr(steps_module, "verify_token", rule)
+    options = {**SAMPLED, "repeat_penalty": 1.3}
+    model = MarkovModel()
+    draft = MarkovModel(seed=5)  # a different model: drafts are often rejected, the residual matters
+    exact = _exact(model, options, 3)
+    session = Session(model, _Tokenizer(), n_ctx_train=64)
+    spec = Speculation("draft", draft_max=3, draft_model="markov")
+    counts: Counter = Counter()
+    n = 6000
+    for i in range(n):
+        params = sampling_params({**options, "seed": i})
+        gen = session.generate(PROMPT, params, max_tokens=3, speculate=spec, draft_model=draft)
+        counts[tuple(t for t, _ in gen)] += 1
+    assert max(model.batches[1:]) > 1
+    stat, df = _chi2(counts, exact, n)
+    assert (stat < _bound(df)) == ok, (stat, df)
+
+
 def test_session_greedy_with_drafts_equals_plain():
     options = {"temperature": 0, "repeat_penalty": 1.2}
     plain = _draws(MarkovModel(seed=3), options, 12, 1, None)
@@ -268,6 +303,40 @@ def real_llm(request):
 
     path = request.getfixturevalue("default_model_path" if request.param == "smollm2" else "gemma_model_path")
     return Llama(path, n_ctx=1024, n_threads=2)
+
+
+@pytest.mark.slow
+def test_a_model_drafting_for_itself_is_always_right(default_model_path):
+    from llamacy import Llama
+
+    llm = Llama(default_model_path, n_ctx=512, n_threads=2)
+    prompt = "Once upon a time, in a land far away,"
+    plain = list(llm.generate_tokens(prompt, max_tokens=40, temperature=0))
+    drafted = list(
+        llm.generate_tokens(
+            prompt, max_tokens=40, temperature=0, speculate="draft", draft_model=default_model_path
+        )
+    )
+    assert drafted == plain
+    st = llm.last.stats
+    assert st.draft_tokens > 20 and st.draft_accepted == st.draft_tokens
+
+
+@pytest.mark.slow
+def test_a_draft_model_with_another_vocabulary_is_refused(gemma_model_path, default_model_path):
+    from tests.test_cli import assert_one_line_error, llamacy
+
+    r = llamacy(
+        "run",
+        "hi",
+        "-m",
+        str(gemma_model_path),
+        "--speculate",
+        "draft",
+        "--draft-model",
+        str(default_model_path),
+    )
+    assert_one_line_error(r, 2, "different vocabulary")
 
 
 @pytest.mark.slow

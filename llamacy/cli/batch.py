@@ -52,6 +52,10 @@ def batch(
     if replicas < 1 or (replicas != 1 and ray_address is None):
         raise UsageError("--replicas is a number of Ray workers (1 or more), with --ray")
     defaults = {k: v for k, v in sampling.items() if v is not None}
+    if speculate == "draft":
+        raise UsageError(
+            "batch speculates by prompt lookup only (--speculate ngram): draft models run in run/chat"
+        )
     defaults.update({k: v for k, v in opt.speculation(speculate, draft_max, ngram).items() if v is not None})
     defaults["max_tokens"] = predict
     if stop:

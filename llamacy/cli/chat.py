@@ -431,10 +431,11 @@ def chat(
     speculate: str = opt.SPECULATE,
     draft_max: int = opt.DRAFT_MAX,
     ngram: int = opt.NGRAM,
+    draft_model: str = opt.DRAFT_MODEL,
     sampling: dict[str, Any] = opt.SAMPLING,
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
-    spec = opt.speculation(speculate, draft_max, ngram)
+    spec = opt.speculation(speculate, draft_max, ngram, draft_model)
     interactive = sys.stdin.isatty()
     markdown = sys.stdout.isatty()
     if not interactive:  # invalid UTF-8 in piped input becomes U+FFFD, as in `llamacy run`

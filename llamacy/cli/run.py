@@ -52,6 +52,7 @@ def run(
     speculate: str = opt.SPECULATE,
     draft_max: int = opt.DRAFT_MAX,
     ngram: int = opt.NGRAM,
+    draft_model: str = opt.DRAFT_MODEL,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
     profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
     json_object: bool = typer.Option(False, "--json", help="Output one JSON object (any)."),
@@ -63,7 +64,7 @@ def run(
     ),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
-    spec = opt.speculation(speculate, draft_max, ngram)
+    spec = opt.speculation(speculate, draft_max, ngram, draft_model)
     from llamacy.structured.grammar import cli_grammar
 
     constraint = cli_grammar(json_object, json_schema, grammar)  # a bad schema fails before the model loads

@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamacy.generation.speculate import NgramDrafter, Speculation
+from llamacy.errors import UsageError
+from llamacy.generation.speculate import ModelDrafter, NgramDrafter, Speculation
 from llamacy.generation.steps import SequenceState, check_prompt, verified_steps
 from llamacy.sampling import Sampler, SamplingParams
 
@@ -73,11 +74,13 @@ class Session:
         load_s: float = 0.0,
         constraint: Any = None,
         speculate: Speculation | None = None,
+        draft_model: Any = None,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated, then (-1, text held back to the end) if any. The piece
         is "" while a character or stop string is incomplete. self.last grows as it goes. `constraint` (a
         llamacy.structured.Constraint) confines the output to its grammar. `speculate` drafts tokens and
-        verifies them in one batched step; the output is distributed as without it (greedy: identical)."""
+        verifies them in one batched step; the output is distributed as without it (greedy: identical).
+        draft_model: the Model (one sequence) that drafts when speculate.mode is "draft"."""
         t0 = time.perf_counter()
         model = self.model
         kv = model.kv
@@ -100,7 +103,7 @@ class Session:
             timed=self.profiling,
             constraint=constraint,
         )
-        drafter = NgramDrafter(speculate) if speculate is not None and constraint is None else None
+        drafter = self._drafter(speculate, constraint, params, sampler.seed, draft_model)
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
         rows = model.eval(ids[keep:], logits="last")[None, :]
@@ -110,7 +113,8 @@ class Session:
         while True:
             cached = kv.length(0) - len(draft)  # the cache as plain decoding would hold it at rows[0]
             n_steps = 0
-            for step in verified_steps(state, rows, draft, cached, self.n_ctx):
+            probs = drafter.probs if drafter is not None else ()
+            for step in verified_steps(state, rows, draft, cached, self.n_ctx, probs):
                 n_steps += 1
                 if not done.tokens:
                     st.first_token_s = time.perf_counter() - t0
@@ -152,8 +156,25 @@ class Session:
             st.profile["detokenizing"] = state.t_detok
             st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))
 
+    @staticmethod
+    def _drafter(
+        spec: Speculation | None, constraint: Any, params: SamplingParams, seed: int, draft_model: Any
+    ) -> NgramDrafter | ModelDrafter | None:
+        if spec is None or constraint is not None:  # a grammar forces what it can already
+            return None
+        if spec.mode == "draft":
+            if draft_model is None:
+                raise UsageError("speculate mode 'draft' needs a draft model")
+            # Its own random stream, not the target's: the draft's draws must not change the target's.
+            return ModelDrafter(draft_model, spec, params, (seed * 0x9E3779B97F4A7C15 + 1) % 2**64)
+        return NgramDrafter(spec)
+
     def _draft(
-        self, drafter: NgramDrafter | None, state: SequenceState, length: int, max_tokens: int | None
+        self,
+        drafter: NgramDrafter | ModelDrafter | None,
+        state: SequenceState,
+        length: int,
+        max_tokens: int | None,
     ) -> list[int]:
         """Drafts for the positions after the pending token(s), which the cache will hold at `length`: no
         more than fit the context (the last position's logits must still be sampled) or max_tokens."""

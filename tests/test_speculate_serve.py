@@ -1,5 +1,6 @@
-"""Speculative decoding per request in the scheduler: drafts join the step's batch; every answer equals the
-single-sequence one (speculating or not), so the other sequences of a batch are unaffected."""
+"""Speculative decoding per request in the scheduler: a sequence alone in a step drafts and verifies in that
+step; every answer equals the single-sequence one (speculating or not), and the other sequences of a batch
+never wait for verification rows."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_batched_answers_with_and_without_drafts_equal_solo_answers(llm, feedbac
         ]
         results = [h.result(timeout=120) for h in handles]
         assert sched.n_active == 0 and sched.queue_depth == 0
-    assert any(accepted for _, accepted in feedback)  # and so did the batched ones
+    # (The batched ones draft only while alone in a step: test_drafts_only_when_alone_in_the_step.)
     for (toks, text), done in zip(expected, results, strict=True):
         assert done.tokens == toks
         assert done.text == text
@@ -139,3 +140,30 @@ def test_batch_items_and_defaults_speculate(llm, tmp_path):
 
 def solo_text_of(llm, prompt: str) -> str:
     return "".join(llm.generate(prompt, max_tokens=16, temperature=0))
+
+
+def test_drafts_only_when_alone_in_the_step(llm, monkeypatch):
+    """Verification rows would make every other sequence of the batch wait: a speculating sequence drafts
+    only in steps that hold nobody else."""
+    from llamacy.scheduler import loop, plan
+
+    seen: list[tuple[int, list[int]]] = []
+
+    def recording(active, *args, **kwargs):
+        active = list(active)
+        p = plan.plan_step(active, *args, **kwargs)
+        seen.append((len(active), list(p.n_rows)))
+        return p
+
+    monkeypatch.setattr(loop, "plan_step", recording)
+    spec = Speculation(ngram=1)
+    with Scheduler(llm, n_parallel=2, n_ctx=128) as sched:
+        long = sched.submit(request(llm, PROMPTS[2], 40, temperature=0, speculate=spec, ignore_eos=True))
+        short = sched.submit(request(llm, PROMPTS[5], 6, temperature=0, ignore_eos=True))
+        results = [long.result(timeout=120), short.result(timeout=120)]
+    assert all(rows == [1] * len(rows) for n, rows in seen if n > 1)
+    assert any(max(rows, default=1) > 1 for n, rows in seen if n == 1)  # alone, it drafted
+    monkeypatch.undo()
+    with Scheduler(llm, n_parallel=1, n_ctx=128) as sched:
+        plain = sched.submit(request(llm, PROMPTS[2], 40, temperature=0, ignore_eos=True)).result(timeout=120)
+    assert results[0].tokens == plain.tokens

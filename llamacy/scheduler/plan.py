@@ -1,7 +1,8 @@
 """Planning a step: which sequences go into the next batch, and which chunk of each prompt.
 
-A step is ONE call to Model.eval_batch holding the next token of every decoding sequence plus chunks of the
-prompts of the oldest prefilling sequences (chunked prefill: a long prompt costs the others at most
+A step is ONE call to Model.eval_batch holding the next token of every decoding sequence (and the drafts of
+a speculating sequence that is alone in the step) plus chunks of the prompts of the oldest prefilling
+sequences (chunked prefill: a long prompt costs the others at most
 `prefill_chunk` extra tokens per step). When nothing is decoding there is nobody to stall, and prompts go in
 `solo_chunk` tokens at a time.
 """
@@ -94,10 +95,13 @@ def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_c
     active = list(active)
     plan.decoding = [s for s in active if not s.prefilling]
     prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.t_start)
+    # Drafts only for a sequence alone in the step: each drafted row costs a fraction of a decoding step,
+    # which every other sequence of the batch would wait for.
+    alone = len(active) == 1
     for s in plan.decoding:
         pending = [s.next_token, *s.next_forced]  # forced tokens: one batch with the sampled one
         start = kv.length(s.slot)
-        s.draft = draft_for(s, start + len(pending), kv.n_ctx)
+        s.draft = draft_for(s, start + len(pending), kv.n_ctx) if alone else []
         new = pending + s.draft
         plan.tokens.extend(new)  # type: ignore[arg-type]
         plan.pos.extend(range(start, start + len(new)))

@@ -242,9 +242,14 @@ class Llama:
         response_format: dict | None = None,
         grammar: str | None = None,
         json_schema: dict | str | None = None,
+        **speculation: Any,
     ) -> dict | Iterator[dict]:
         """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True.
-        response_format (OpenAI), grammar (GBNF) or json_schema (llama.cpp's fields) constrain the output."""
+        response_format (OpenAI), grammar (GBNF) or json_schema (llama.cpp's fields) constrain the output.
+        speculation: speculate, draft_max, ngram, draft_model, as generate_tokens takes them."""
+        unknown = set(speculation) - {"speculate", "draft_max", "ngram", "draft_model"}
+        if unknown:
+            raise UsageError(f"unknown option(s) for create_completion: {', '.join(sorted(unknown))}")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         constrained = request_grammar(response_format, grammar, json_schema)
         kwargs = dict(
@@ -260,7 +265,9 @@ class Llama:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.model_path.name
-        gen = self.generate_tokens(prompt, max_tokens, stop=stops, grammar=constrained, **kwargs)
+        gen = self.generate_tokens(
+            prompt, max_tokens, stop=stops, grammar=constrained, **speculation, **kwargs
+        )
 
         def chunk(text: str, finish: str | None) -> dict:
             return {

@@ -387,3 +387,17 @@ def test_cli_refuses_bad_speculation_before_loading(args, fragment):
 
     r = llamacy("run", "hi", "-m", "/nonexistent.gguf", *args)
     assert_one_line_error(r, 2, fragment)
+
+
+@pytest.mark.slow
+def test_create_completion_speculates(default_model_path):
+    from llamacy import Llama
+
+    llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
+    prompt = f"Repeat this code:\n{CODE}\nAgain:\n"
+    plain = llm.create_completion(prompt, max_tokens=48, temperature=0)
+    fast = llm.create_completion(prompt, max_tokens=48, temperature=0, speculate="ngram", draft_max=8)
+    assert fast["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert llm.last.stats.draft_accepted > 0
+    with pytest.raises(UsageError, match="unknown option"):
+        llm.create_completion(prompt, speculation="ngram")

@@ -21,7 +21,7 @@ from llamacy.sampling import SamplingParams
 
 # Per-item fields a JSONL prompt may carry, besides id and prompt.
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
-ITEM_FIELDS = SAMPLING_FIELDS | {"max_tokens", "stop", "response_format"}
+ITEM_FIELDS = SAMPLING_FIELDS | {"max_tokens", "stop", "response_format", "speculate", "draft_max", "ngram"}
 
 
 @dataclass
@@ -304,6 +304,7 @@ def _on_final(finals: queue.SimpleQueue, it: Item) -> Callable[[Any], None]:
 
 def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str], list[int]]) -> Any:
     from llamacy.generation import sampling_params
+    from llamacy.generation.speculate import speculation
     from llamacy.scheduler import GenerationRequest
     from llamacy.structured import Constraint, response_format_grammar
 
@@ -322,6 +323,7 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         raise UsageError("stop must be a string or a list of strings")
     # OpenAI's response_format ({"type": "json_object"} or "json_schema"): this item's output is that JSON.
     grammar = response_format_grammar(opts.pop("response_format", None))
+    spec = speculation(opts.pop("speculate", None), opts.pop("draft_max", None), opts.pop("ngram", None))
     try:
         params = sampling_params(opts)
     except (TypeError, ValueError) as e:
@@ -334,4 +336,5 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         stop=stop,
         id=str(it.id),
         constraint=None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab),
+        speculate=spec,
     )

@@ -12,6 +12,7 @@ import numpy as np
 
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
+from llamacy.generation.speculate import same_vocabulary, speculation
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
 from llamacy.structured import Constraint, Grammar, request_grammar
 
@@ -165,14 +166,24 @@ class Llama:
         add_bos: bool | None = None,
         grammar: Grammar | None = None,
         constraint: Any = None,
+        speculate: str | None = None,
+        draft_max: int | None = None,
+        ngram: int | None = None,
+        draft_model: str | PathLike | None = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
         is incomplete, and a last (-1, text) carries text held back to the end. self.last holds the
         Completion (text, finish_reason, stats) as it grows. `grammar` (from llamacy.structured, e.g.
         json_schema_grammar(schema)) confines the output to it; `constraint` is a per-sequence one already
-        made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar)."""
+        made (e.g. StructuredRequest.constraint(), for a lazy tool-call grammar). speculate="ngram" drafts
+        up to draft_max tokens per step by prompt lookup (n-grams up to `ngram` long) and verifies them in
+        one batched step: greedy output is identical, sampled output keeps its distribution.
+        speculate="draft" drafts with draft_model instead (a path or name; a smaller model with the same
+        vocabulary, loaded on first use and kept)."""
         params = sampling_params(sampling)
+        spec = speculation(speculate, draft_max, ngram, draft_model)
+        drafter_model = self._draft_model(spec.draft_model) if spec is not None and spec.draft_model else None
         if grammar is not None:
             if constraint is not None:
                 raise UsageError("give a grammar or a constraint, not both")
@@ -181,7 +192,26 @@ class Llama:
             max_tokens = None  # -1: until the context is full or the model stops
         ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, str) else list(prompt)
         session = self.session  # built on first use, which load_s then includes
-        yield from session.generate(ids, params, max_tokens, stop, load_s=self.load_s, constraint=constraint)
+        yield from session.generate(
+            ids,
+            params,
+            max_tokens,
+            stop,
+            load_s=self.load_s,
+            constraint=constraint,
+            speculate=spec,
+            draft_model=drafter_model,
+        )
+
+    def _draft_model(self, name: str) -> Model:
+        """The single-sequence Model of a draft model (loaded on first use, kept), checked to share this
+        model's vocabulary."""
+        drafts = vars(self).setdefault("_drafts", {})
+        if name not in drafts:
+            draft = Llama(name, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
+            same_vocabulary(self, draft, draft.model_path.name)
+            drafts[name] = draft
+        return drafts[name].model
 
     def generate(
         self, prompt: str | Sequence[int], max_tokens: int | None = 128, **kwargs: Any
@@ -212,9 +242,14 @@ class Llama:
         response_format: dict | None = None,
         grammar: str | None = None,
         json_schema: dict | str | None = None,
+        **speculation: Any,
     ) -> dict | Iterator[dict]:
         """An OpenAI-shaped text completion: a dict, or an iterator of chunks when stream=True.
-        response_format (OpenAI), grammar (GBNF) or json_schema (llama.cpp's fields) constrain the output."""
+        response_format (OpenAI), grammar (GBNF) or json_schema (llama.cpp's fields) constrain the output.
+        speculation: speculate, draft_max, ngram, draft_model, as generate_tokens takes them."""
+        unknown = set(speculation) - {"speculate", "draft_max", "ngram", "draft_model"}
+        if unknown:
+            raise UsageError(f"unknown option(s) for create_completion: {', '.join(sorted(unknown))}")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         constrained = request_grammar(response_format, grammar, json_schema)
         kwargs = dict(
@@ -230,7 +265,9 @@ class Llama:
         cid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         model = self.model_path.name
-        gen = self.generate_tokens(prompt, max_tokens, stop=stops, grammar=constrained, **kwargs)
+        gen = self.generate_tokens(
+            prompt, max_tokens, stop=stops, grammar=constrained, **speculation, **kwargs
+        )
 
         def chunk(text: str, finish: str | None) -> dict:
             return {

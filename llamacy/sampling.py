@@ -140,6 +140,11 @@ class Sampler:
         self.seed: int = params.seed if params.seed is not None else secrets.randbits(32)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
 
+    @property
+    def rng(self) -> np.random.Generator:
+        """The sequence's random stream (speculative verification draws from it too)."""
+        return self._rng
+
     def reset(self) -> None:
         """Restart the random stream from the seed: the next draws repeat the first ones."""
         self._rng = np.random.Generator(np.random.PCG64(self.seed))

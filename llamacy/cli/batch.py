@@ -26,6 +26,9 @@ def batch(
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
+    speculate: str = opt.SPECULATE,
+    draft_max: int = opt.DRAFT_MAX,
+    ngram: int = opt.NGRAM,
     sampling: dict[str, Any] = opt.SAMPLING,
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not included); repeatable."),
     chat: bool = typer.Option(
@@ -49,6 +52,11 @@ def batch(
     if replicas < 1 or (replicas != 1 and ray_address is None):
         raise UsageError("--replicas is a number of Ray workers (1 or more), with --ray")
     defaults = {k: v for k, v in sampling.items() if v is not None}
+    if speculate == "draft":
+        raise UsageError(
+            "batch speculates by prompt lookup only (--speculate ngram): draft models run in run/chat"
+        )
+    defaults.update({k: v for k, v in opt.speculation(speculate, draft_max, ngram).items() if v is not None})
     defaults["max_tokens"] = predict
     if stop:
         defaults["stop"] = list(stop)

@@ -428,9 +428,14 @@ def chat(
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
+    speculate: str = opt.SPECULATE,
+    draft_max: int = opt.DRAFT_MAX,
+    ngram: int = opt.NGRAM,
+    draft_model: str = opt.DRAFT_MODEL,
     sampling: dict[str, Any] = opt.SAMPLING,
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
+    spec = opt.speculation(speculate, draft_max, ngram, draft_model)
     interactive = sys.stdin.isatty()
     markdown = sys.stdout.isatty()
     if not interactive:  # invalid UTF-8 in piped input becomes U+FFFD, as in `llamacy run`
@@ -448,7 +453,7 @@ def chat(
     with loading:
         llm = Llama(model, n_ctx=ctx_size, n_threads=threads, kv_type=kv_type)
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
-    session = ChatSession(llm, template, system=system, max_tokens=predict, **sampling)
+    session = ChatSession(llm, template, system=system, max_tokens=predict, **spec, **sampling)
     ui = ChatUI(session, interactive=interactive, markdown=markdown)
     if interactive:
         ui.note(f"{llm.model_path.name} · context {llm.n_ctx} tokens · {template.describe()}")

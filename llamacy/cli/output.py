@@ -52,10 +52,11 @@ def print_stats(llm: Any) -> None:
         return
     st = c.stats
     err = Console(stderr=True, highlight=False)
+    drafts = f"drafted {st.draft_tokens} tok, accepted {st.draft_accepted} · " if st.draft_tokens else ""
     err.print(
         f"[dim]load {st.load_s * 1000:.0f} ms · prompt {st.prompt_evaluated} tok in {st.prompt_s * 1000:.0f} ms "
         f"({st.prompt_tps:.1f} tok/s) · generated {st.gen_tokens} tok in {st.gen_s * 1000:.0f} ms "
-        f"({st.gen_tps:.1f} tok/s) · first token {st.first_token_s * 1000:.0f} ms · "
+        f"({st.gen_tps:.1f} tok/s) · {drafts}first token {st.first_token_s * 1000:.0f} ms · "
         f"finish: {c.finish_reason}[/dim]"
     )
 

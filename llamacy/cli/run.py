@@ -49,6 +49,10 @@ def run(
     echo: bool = typer.Option(
         None, "--echo/--no-echo", help="Print the prompt before the completion (default: on a terminal only)."
     ),
+    speculate: str = opt.SPECULATE,
+    draft_max: int = opt.DRAFT_MAX,
+    ngram: int = opt.NGRAM,
+    draft_model: str = opt.DRAFT_MODEL,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
     profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
     json_object: bool = typer.Option(False, "--json", help="Output one JSON object (any)."),
@@ -60,6 +64,7 @@ def run(
     ),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
+    spec = opt.speculation(speculate, draft_max, ngram, draft_model)
     from llamacy.structured.grammar import cli_grammar
 
     constraint = cli_grammar(json_object, json_schema, grammar)  # a bad schema fails before the model loads
@@ -72,7 +77,9 @@ def run(
     out = CompletionWriter(echo=echo)
     out.prompt(text)
     try:
-        for piece in llm.generate(text, max_tokens=predict, stop=stop or (), grammar=constraint, **sampling):
+        for piece in llm.generate(
+            text, max_tokens=predict, stop=stop or (), grammar=constraint, **spec, **sampling
+        ):
             out.write(piece)
     except KeyboardInterrupt:
         out.end()

@@ -16,7 +16,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamacy.generation.steps import SequenceState, check_prompt
+from llamacy.errors import UsageError
+from llamacy.generation.speculate import ModelDrafter, NgramDrafter, Speculation
+from llamacy.generation.steps import SequenceState, check_prompt, verified_steps
 from llamacy.sampling import Sampler, SamplingParams
 
 
@@ -29,6 +31,8 @@ class Stats:
     gen_tokens: int = 0
     gen_s: float = 0.0
     first_token_s: float = 0.0  # from the call to the first generated token
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and of those, accepted
+    draft_accepted: int = 0
     profile: dict[str, float] = field(default_factory=dict)  # seconds per stage, with profiling on
 
     @property
@@ -69,10 +73,14 @@ class Session:
         stop: Sequence[str] = (),
         load_s: float = 0.0,
         constraint: Any = None,
+        speculate: Speculation | None = None,
+        draft_model: Any = None,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated, then (-1, text held back to the end) if any. The piece
         is "" while a character or stop string is incomplete. self.last grows as it goes. `constraint` (a
-        llamacy.structured.Constraint) confines the output to its grammar."""
+        llamacy.structured.Constraint) confines the output to its grammar. `speculate` drafts tokens and
+        verifies them in one batched step; the output is distributed as without it (greedy: identical).
+        draft_model: the Model (one sequence) that drafts when speculate.mode is "draft"."""
         t0 = time.perf_counter()
         model = self.model
         kv = model.kv
@@ -95,28 +103,47 @@ class Session:
             timed=self.profiling,
             constraint=constraint,
         )
+        drafter = self._drafter(speculate, constraint, params, sampler.seed, draft_model)
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
-        logits = model.eval(ids[keep:], logits="last")
+        rows = model.eval(ids[keep:], logits="last")[None, :]
         t_gen = time.perf_counter()
         st.prompt_s = t_gen - t0
+        draft: list[int] = []
         while True:
-            room = self.n_ctx - kv.length(0)
-            step = state.step(logits, context_full=room <= 0, room=room)
-            if not done.tokens:
-                st.first_token_s = time.perf_counter() - t0
-            if step.token is not None:
-                st.gen_tokens += 1 + len(step.forced)
-                done.tokens.append(step.token)
-                done.tokens.extend(step.forced)
-                done.text += step.piece
-                yield step.token, step.piece
-                for tok in step.forced:  # their text came with the first token's piece
-                    yield tok, ""
+            cached = kv.length(0) - len(draft)  # the cache as plain decoding would hold it at rows[0]
+            n_steps = 0
+            probs = drafter.probs if drafter is not None else ()
+            for step in verified_steps(state, rows, draft, cached, self.n_ctx, probs):
+                n_steps += 1
+                if not done.tokens:
+                    st.first_token_s = time.perf_counter() - t0
+                if step.token is not None:
+                    st.gen_tokens += 1 + len(step.forced)
+                    done.tokens.append(step.token)
+                    done.tokens.extend(step.forced)
+                    done.text += step.piece
+                    yield step.token, step.piece
+                    for tok in step.forced:  # their text came with the first token's piece
+                        yield tok, ""
+            accepted = n_steps - 1
+            st.draft_accepted += accepted
+            # Drafts after the one rejected (or after the end) hold cache positions plain decoding never
+            # filled: forget them.
+            kv.truncate(0, cached + accepted)
             if step.finish_reason is not None:
                 done.finish_reason = step.finish_reason
                 break
-            logits = model.eval([step.token, *step.forced], logits="last")
+            if drafter is not None:
+                drafter.feedback(len(draft), accepted)
+            pending = [step.token, *step.forced]
+            draft = self._draft(drafter, state, kv.length(0) + len(pending), max_tokens)
+            st.draft_tokens += len(draft)
+            # With drafts, the logits of the last pending token and of every draft; else of the last token.
+            if draft:
+                rows = model.eval(pending + draft, logits="all")[len(pending) - 1 :]
+            else:
+                rows = model.eval(pending, logits="last")[None, :]
             st.gen_s = time.perf_counter() - t_gen
         tail = state.flush()
         if tail:
@@ -128,3 +155,32 @@ class Session:
             st.profile["sampling"] = state.t_sample
             st.profile["detokenizing"] = state.t_detok
             st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))
+
+    @staticmethod
+    def _drafter(
+        spec: Speculation | None, constraint: Any, params: SamplingParams, seed: int, draft_model: Any
+    ) -> NgramDrafter | ModelDrafter | None:
+        if spec is None or constraint is not None:  # a grammar forces what it can already
+            return None
+        if spec.mode == "draft":
+            if draft_model is None:
+                raise UsageError("speculate mode 'draft' needs a draft model")
+            # Its own random stream, not the target's: the draft's draws must not change the target's.
+            return ModelDrafter(draft_model, spec, params, (seed * 0x9E3779B97F4A7C15 + 1) % 2**64)
+        return NgramDrafter(spec)
+
+    def _draft(
+        self,
+        drafter: NgramDrafter | ModelDrafter | None,
+        state: SequenceState,
+        length: int,
+        max_tokens: int | None,
+    ) -> list[int]:
+        """Drafts for the positions after the pending token(s), which the cache will hold at `length`: no
+        more than fit the context (the last position's logits must still be sampled) or max_tokens."""
+        if drafter is None:
+            return []
+        limit = self.n_ctx - length
+        if max_tokens is not None:
+            limit = min(limit, max_tokens - len(state.tokens) - 1)
+        return drafter.propose(state.history, limit)

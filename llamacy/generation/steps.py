@@ -12,13 +12,14 @@ Prefix reuse lives with the KV cache (KVCache.reuse_prefix), which both generato
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from llamacy.errors import ContextOverflowError, LlamacyError, UsageError
+from llamacy.generation.speculate import verify_token
 from llamacy.sampling import Sampler, SamplingParams
 from llamacy.stopping import StopMatcher
 from llamacy.structured.decode import next_tokens
@@ -117,17 +118,29 @@ class SequenceState:
     def at_limit(self) -> bool:
         return self.max_tokens is not None and len(self.tokens) >= self.max_tokens
 
-    def step(self, logits: np.ndarray, context_full: bool, room: int = 1) -> Step:
+    def step(
+        self,
+        logits: np.ndarray,
+        context_full: bool,
+        room: int = 1,
+        draft: int | None = None,
+        draft_q: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> Step:
         """The next token from the logits of the last evaluated position. context_full: the cache has no
         room to evaluate another token, so the one sampled now is the last. room: how many tokens the cache
-        can still take (a constrained step may add forced tokens up to it)."""
+        can still take (a constrained step may add forced tokens up to it). draft: a speculative guess for
+        this position, verified by a rule that keeps the sampling distribution exact (speculate.py); draft_q:
+        the distribution it was drawn from (None: a deterministic guess)."""
         if self.at_limit:  # max_tokens = 0
             return Step(None, "", None, "length")
         if self.constraint is not None:
             return self._constrained_step(logits, context_full, room)
         t0 = time.perf_counter() if self.timed else 0.0
         try:
-            tok = self.sampler.sample(logits, self.history)
+            if draft is None:
+                tok = self.sampler.sample(logits, self.history)
+            else:
+                tok = verify_token(self.sampler, logits, self.history, draft, draft_q)
         except ValueError:
             # The sampler refuses NaN and infinite logits; checked here only then, off the hot path.
             if np.isfinite(logits.max()):  # max() is NaN if any logit is NaN
@@ -203,3 +216,27 @@ class SequenceState:
         if tail:
             self.text.append(tail)
         return tail
+
+
+def verified_steps(
+    state: SequenceState,
+    rows: np.ndarray,
+    draft: Sequence[int],
+    cached: int,
+    n_ctx: int,
+    probs: Sequence[Any] = (),
+) -> Iterator[Step]:
+    """The steps of a sequence over the logits of one batched evaluation of its pending token(s) and
+    `draft`: rows[i] is the position where draft[i] was guessed, the last row the one after all drafts.
+    Each position is stepped as plain decoding would step it (the history holds the drafts before it; the
+    cache, seen as `cached` + i tokens of n_ctx), and the steps end at the first token that differs from its
+    draft or that ends the sequence. The caller keeps cached + (steps - 1) positions of the cache. probs: the
+    draft distribution of each draft token (a drafter's .probs), empty or None entries for point masses."""
+    for i, row in enumerate(rows):
+        room = n_ctx - cached - i
+        guess = draft[i] if i < len(draft) else None
+        q = probs[i] if i < len(probs) else None
+        step = state.step(row, context_full=room <= 0, room=room, draft=guess, draft_q=q)
+        yield step
+        if step.finish_reason is not None or step.token != guess:
+            return

@@ -1,5 +1,6 @@
-"""Applying a step's results: every sequence whose logits came back takes the generation step shared with
-the single-sequence session (sampling, logprobs, end of generation, stop strings), and its events go out:
+"""Applying a step's results: every sequence whose logits came back takes the generation steps shared with
+the single-sequence session (sampling, logprobs, end of generation, stop strings; verification of its
+drafts, if it speculates), and its events go out:
 a Piece whenever text becomes safe to show, a Done at the end."""
 
 from __future__ import annotations
@@ -9,16 +10,33 @@ import time
 import numpy as np
 
 from llamacy.generation import Step
+from llamacy.generation.steps import verified_steps
+from llamacy.model.kv_cache import KVCache
 from llamacy.scheduler.plan import Running
 from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
 
 
-def advance(s: Running, row: np.ndarray, context_full: bool, room: int = 1) -> Step:
-    """Sample the next token of s from its logits row and send the text that is now safe to show. The
-    caller finishes s when the step has a finish_reason. room: tokens the slot's cache can still take."""
+def verify(s: Running, rows: np.ndarray, kv: KVCache) -> tuple[Step, int]:
+    """s evaluated its next token and s.draft in this step; rows are its logits (the last pending token's,
+    then each draft's). Take the steps plain decoding would take while the drafts hold, send their text, cut
+    the rejected drafts from the cache. Returns the last step and the tokens generated."""
+    cached = kv.length(s.slot) - len(s.draft)
+    n_steps = n_tokens = 0
+    for step in verified_steps(s.state, rows, s.draft, cached, kv.n_ctx):
+        deliver(s, step)
+        n_steps += 1
+        n_tokens += 0 if step.token is None else 1 + len(step.forced)
+    kv.truncate(s.slot, cached + n_steps - 1)
+    if s.drafter is not None and step.finish_reason is None:
+        s.drafter.feedback(len(s.draft), n_steps - 1)
+    s.draft = []
+    return step, n_tokens
+
+
+def deliver(s: Running, step: Step) -> Step:
+    """Record a step of s and send the text that is now safe to show."""
     if s.t_first is None:
         s.t_first = time.perf_counter()
-    step = s.state.step(row, context_full, room)
     if step.token is not None:
         s.unsent.append(step.token)
         s.unsent.extend(step.forced)

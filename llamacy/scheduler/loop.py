@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 from llamacy.errors import UsageError, require_range
 from llamacy.generation import SequenceState, check_prompt
+from llamacy.generation.speculate import NgramDrafter
 from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler
-from llamacy.scheduler.apply import advance, cancelled_in_queue, final_event
+from llamacy.scheduler.apply import cancelled_in_queue, final_event, verify
 from llamacy.scheduler.plan import Running, plan_step
 from llamacy.scheduler.requests import (
     MAX_LOGPROBS,
@@ -234,7 +235,10 @@ class Scheduler:
         )
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep
-        return Running(handle, slot, keep, state)
+        drafter = (
+            NgramDrafter(req.speculate) if req.speculate is not None and req.constraint is None else None
+        )
+        return Running(handle, slot, keep, state, drafter)
 
     def _finish_unstarted(self, handle: Handle) -> None:
         self._count("cancelled")
@@ -263,15 +267,16 @@ class Scheduler:
             rest_workers()
         plan.record(kv)
         n_generated = 0
-        for row, s in enumerate(plan.owners):
+        row = 0
+        for s, n_rows in zip(plan.owners, plan.n_rows, strict=True):
+            row += n_rows
             try:
-                room = self.n_ctx - kv.length(s.slot)
-                step = advance(s, logits[row], context_full=room <= 0, room=room)
+                step, n_tokens = verify(s, logits[row - n_rows : row], kv)
             except Exception as e:  # e.g. NaN logits: this sequence only
                 log.exception("sampling failed for request %s", s.handle.id)
                 self._fail(s, f"sampling failed: {e}")
                 continue
-            n_generated += 0 if step.token is None else 1 + len(step.forced)
+            n_generated += n_tokens
             if step.finish_reason is not None:
                 self._finish(s, step.finish_reason)
         self.generated_tokens_total += n_generated

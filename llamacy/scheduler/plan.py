@@ -1,7 +1,8 @@
 """Planning a step: which sequences go into the next batch, and which chunk of each prompt.
 
-A step is ONE call to Model.eval_batch holding the next token of every decoding sequence plus chunks of the
-prompts of the oldest prefilling sequences (chunked prefill: a long prompt costs the others at most
+A step is ONE call to Model.eval_batch holding the next token of every decoding sequence (and the drafts of
+a speculating sequence that is alone in the step) plus chunks of the prompts of the oldest prefilling
+sequences (chunked prefill: a long prompt costs the others at most
 `prefill_chunk` extra tokens per step). When nothing is decoding there is nobody to stall, and prompts go in
 `solo_chunk` tokens at a time.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamacy.generation import SequenceState, TokenLogprob
+from llamacy.generation.speculate import NgramDrafter
 from llamacy.model.kv_cache import KVCache
 from llamacy.scheduler.requests import Handle
 
@@ -23,7 +25,14 @@ class Running:
     """A request that holds a slot (sequence `slot` of the KV cache): its prompt progress and generation
     state. Owned by the scheduler thread."""
 
-    def __init__(self, handle: Handle, slot: int, cached: int, state: SequenceState) -> None:
+    def __init__(
+        self,
+        handle: Handle,
+        slot: int,
+        cached: int,
+        state: SequenceState,
+        drafter: NgramDrafter | None = None,
+    ) -> None:
         self.handle = handle
         self.slot = slot
         self.prompt = handle.request.prompt
@@ -32,6 +41,8 @@ class Running:
         self.state = state
         self.next_token: int | None = None  # sampled, evaluated at the next step
         self.next_forced: tuple[int, ...] = ()  # tokens a grammar forced after it, evaluated with it
+        self.drafter = drafter  # speculative decoding: proposes tokens after next_token
+        self.draft: list[int] = []  # drafted tokens evaluated in the current step after next_token
         self.unsent: list[int] = []  # tokens not yet reported in a Piece
         self.unsent_lp: list[TokenLogprob] = []
         self.t_start = time.perf_counter()
@@ -50,7 +61,8 @@ class StepPlan:
     pos: list[int] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # batch indices whose logits are wanted
-    owners: list[Running] = field(default_factory=list)  # the sequence of each row, in row order
+    owners: list[Running] = field(default_factory=list)  # the sequences whose logits come back, in row order
+    n_rows: list[int] = field(default_factory=list)  # rows per owner: 1, or 1 + its drafts
     decoding: list[Running] = field(default_factory=list)  # each evaluates its next_token
     chunks: list[tuple[Running, list[int]]] = field(default_factory=list)  # prompt tokens evaluated
 
@@ -71,7 +83,7 @@ class StepPlan:
     def record(self, kv: KVCache) -> None:
         """After the batch was evaluated: the cache holds its tokens, the prompts have advanced."""
         for s in self.decoding:
-            kv.append(s.slot, [s.next_token, *s.next_forced])  # type: ignore[list-item]
+            kv.append(s.slot, [s.next_token, *s.next_forced, *s.draft])  # type: ignore[list-item]
         for s, chunk in self.chunks:
             kv.append(s.slot, chunk)
             s.n_prompt_done += len(chunk)
@@ -83,14 +95,21 @@ def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_c
     active = list(active)
     plan.decoding = [s for s in active if not s.prefilling]
     prefilling = sorted((s for s in active if s.prefilling), key=lambda s: s.t_start)
+    # Drafts only for a sequence alone in the step: each drafted row costs a fraction of a decoding step,
+    # which every other sequence of the batch would wait for.
+    alone = len(active) == 1
     for s in plan.decoding:
-        new = [s.next_token, *s.next_forced]  # forced tokens: one batch with the sampled one
+        pending = [s.next_token, *s.next_forced]  # forced tokens: one batch with the sampled one
         start = kv.length(s.slot)
+        s.draft = draft_for(s, start + len(pending), kv.n_ctx) if alone else []
+        new = pending + s.draft
         plan.tokens.extend(new)  # type: ignore[arg-type]
         plan.pos.extend(range(start, start + len(new)))
         plan.seqs.extend([s.slot] * len(new))
-        plan.rows.append(len(plan.tokens) - 1)
+        first = len(plan.tokens) - len(s.draft) - 1  # the last pending token, then each draft
+        plan.rows.extend(range(first, len(plan.tokens)))
         plan.owners.append(s)
+        plan.n_rows.append(1 + len(s.draft))
     budget = prefill_chunk if plan.decoding else solo_chunk
     for s in prefilling:
         if budget <= 0:
@@ -104,4 +123,16 @@ def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_c
         if s.n_prompt_done + len(chunk) == len(s.prompt):  # the prompt is done: its last logits sample
             plan.rows.append(len(plan.tokens) - 1)
             plan.owners.append(s)
+            plan.n_rows.append(1)
     return plan
+
+
+def draft_for(s: Running, length: int, n_ctx: int) -> list[int]:
+    """Tokens s drafts after its pending ones, which the cache will hold at `length`: no more than fit
+    the context or its max_tokens (the position after the last draft must still be sampled)."""
+    if s.drafter is None:
+        return []
+    limit = n_ctx - length
+    if s.state.max_tokens is not None:
+        limit = min(limit, s.state.max_tokens - len(s.state.tokens) - 1)
+    return s.drafter.propose(s.state.history, limit)

@@ -45,6 +45,9 @@ class GenerationRequest:
     # A llamacy.structured.Constraint, owned by this request alone: its grammar masks this sequence's logits
     # only, so constrained and unconstrained requests share batches.
     constraint: Any = None
+    # A llamacy.generation.speculate.Speculation: this sequence drafts tokens by prompt lookup and verifies
+    # them in the step's batch (ignored under a constraint). Other sequences' results are unchanged.
+    speculate: Any = None
 
 
 @dataclass

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from llamacy.errors import LlamacyError
+from llamacy.generation.speculate import Speculation, speculation
 from llamacy.sampling import MAX_SEED, SamplingParams
 from llamacy.scheduler import Done, Event, Failed, GenerationRequest, Handle, TokenLogprob
 from llamacy.server.errors import APIError, from_engine_error
@@ -128,7 +129,17 @@ def build_request(
         stop_ids=frozenset(stop_ids),
         ignore_eos=f.ignore_eos,
         logprobs=logprobs,
+        speculate=_speculation(f),
     )
+
+
+def _speculation(f: SamplingFields) -> Speculation | None:
+    if f.speculate in (None, "none") and (f.draft_max is not None or f.ngram is not None):
+        raise APIError(400, 'draft_max and ngram go with speculate: "ngram"', "invalid_value", "speculate")
+    try:
+        return speculation(f.speculate, f.draft_max, f.ngram)
+    except LlamacyError as e:
+        raise APIError(400, str(e), "invalid_value", "speculate") from None
 
 
 def submit(served: ServedModel, request: GenerationRequest, listener: Callable[[Event], None]) -> Handle:

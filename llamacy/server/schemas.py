@@ -45,6 +45,11 @@ class SamplingFields(_Strict):
     ignore_eos: bool = False  # llama.cpp's extension: generate through end-of-turn tokens
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     logit_bias: dict[str, float] | None = None  # token id (a string: JSON keys) -> bias in [-100, 100]
+    # Speculative decoding of this request (llamacy's extension): "ngram" drafts by prompt lookup, up to
+    # draft_max tokens per step (n-grams of `ngram` tokens); the answer is distributed as without it.
+    speculate: Literal["ngram", "none"] | None = None
+    draft_max: int | None = None
+    ngram: int | None = None
 
     MULTIPLE_CHOICES: ClassVar[bool] = False  # whether the endpoint answers n > 1 choices
 

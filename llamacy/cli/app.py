@@ -17,9 +17,11 @@ from llamacy.cli import rm as rm_cmd
 from llamacy.cli import run as run_cmd
 from llamacy.cli import serve as serve_cmd
 from llamacy.cli import show as show_cmd
+from llamacy.cli.coercion import FastCommand, FastGroup
 
 app = typer.Typer(
     name="llamacy",
+    cls=FastGroup,
     help="Fast CPU inference for GGUF language models.",
     add_completion=False,
     no_args_is_help=True,
@@ -45,24 +47,29 @@ def _root(
     """Fast CPU inference for GGUF language models."""
 
 
-app.command("run", help="Complete a prompt and print the completion.")(run_cmd.run)
-app.command("chat", help="Chat with a model in the terminal (or answer input lines in a pipe).")(
-    chat_cmd.chat
-)
-app.command("info", help="Describe a model file: architecture, size, quant mix, memory needs.")(info_cmd.info)
-app.command("bench", help="Measure prompt processing (pp) and generation (tg) speed.")(bench_cmd.bench)
-app.command("perplexity", help="Perplexity of a model on a text file (the reference tool's method).")(
-    perplexity_cmd.perplexity
-)
-app.command("serve", help="Serve the model over HTTP: OpenAI-compatible API and job API.")(serve_cmd.serve)
-app.command(
-    "convert", help="Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type."
-)(convert_cmd.convert)
-app.command("embed", help=embed_cmd.HELP)(embed_cmd.embed)
-app.command("batch", help="Run prompts from a file into a JSONL file; rerun to resume after a crash.")(
-    batch_cmd.batch
-)
-app.command("pull", help="Download a GGUF model from a Hugging Face hub: OWNER/REPO[:QUANT].")(pull_cmd.pull)
-app.command("list", help="The models at hand: pulled ones and installed packages.")(list_cmd.list_models)
-app.command("rm", help="Delete a pulled model.")(rm_cmd.rm)
-app.command("show", help="Where a model came from and what it is (what info prints).")(show_cmd.show)
+# (name, help, function): every command parses its parameters with FastCommand (see llamacy.cli.coercion).
+_COMMANDS = [
+    ("run", "Complete a prompt and print the completion.", run_cmd.run),
+    ("chat", "Chat with a model in the terminal (or answer input lines in a pipe).", chat_cmd.chat),
+    ("info", "Describe a model file: architecture, size, quant mix, memory needs.", info_cmd.info),
+    ("bench", "Measure prompt processing (pp) and generation (tg) speed.", bench_cmd.bench),
+    (
+        "perplexity",
+        "Perplexity of a model on a text file (the reference tool's method).",
+        perplexity_cmd.perplexity,
+    ),
+    ("serve", "Serve the model over HTTP: OpenAI-compatible API and job API.", serve_cmd.serve),
+    (
+        "convert",
+        "Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type.",
+        convert_cmd.convert,
+    ),
+    ("embed", embed_cmd.HELP, embed_cmd.embed),
+    ("batch", "Run prompts from a file into a JSONL file; rerun to resume after a crash.", batch_cmd.batch),
+    ("pull", "Download a GGUF model from a Hugging Face hub: OWNER/REPO[:QUANT].", pull_cmd.pull),
+    ("list", "The models at hand: pulled ones and installed packages.", list_cmd.list_models),
+    ("rm", "Delete a pulled model.", rm_cmd.rm),
+    ("show", "Where a model came from and what it is (what info prints).", show_cmd.show),
+]
+for _name, _help, _function in _COMMANDS:
+    app.command(_name, cls=FastCommand, help=_help)(_function)

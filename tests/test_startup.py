@@ -96,8 +96,9 @@ def test_help_option_and_root_options_get_the_shortcut() -> None:
     assert all(isinstance(p._runtime_param, coercion._Coercion) for p in run.get_params(run_ctx))
 
 
-def test_run_imports_no_pydantic(tmp_path: Path) -> None:
-    # `llamacy run` parses its options without building pydantic coercers (the import is the tell).
+def test_run_imports_no_pydantic_nor_llguidance() -> None:
+    # `llamacy run` parses its options without building pydantic coercers (the import is the tell), and
+    # the engine loads llguidance only for constrained generation.
     code = (
         "import sys\n"
         "from llamacy.cli.app import app\n"
@@ -108,10 +109,11 @@ def test_run_imports_no_pydantic(tmp_path: Path) -> None:
         "cmd = __import__('typer.main').main.get_command(app).commands['run']\n"
         "ctx = cmd.make_context('run', ['hi', '-n', '3', '--temp', '0.5', '--stop', 'x', '-t', '2'])\n"
         "print(ctx.params['predict'], ctx.params['temperature'], ctx.params['stop'], ctx.params['threads'])\n"
-        "print('pydantic' in sys.modules)\n"
+        "import llamacy.engine\n"
+        "print('pydantic' in sys.modules, 'llguidance' in sys.modules)\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-2:] == ["3 0.5 ['x'] 2", "False"]
+    assert r.stdout.splitlines()[-2:] == ["3 0.5 ['x'] 2", "False False"]

@@ -11,6 +11,7 @@ import typer
 import typer.main
 
 from llamacy.cli import coercion
+from llamacy.cli.app import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,3 +118,33 @@ def test_run_imports_no_pydantic_nor_llguidance() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:] == ["3 0.5 ['x'] 2", "False False"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        *([name, "--help"] for name in COMMANDS),
+        ["run", "-n", "x", "hi"],
+        ["run", "--no-such-option"],
+        ["info"],
+        ["rm"],
+    ],
+)
+def test_one_command_app_answers_as_the_whole_app(args: list[str]) -> None:
+    # app_for builds only the command that argv names; what it prints must not change.
+    from typer.testing import CliRunner
+
+    from llamacy.cli.app import app_for, build_app
+
+    assert app_for(args).registered_commands[0].name == args[0]
+    assert len(app_for(args).registered_commands) == 1
+    whole = CliRunner().invoke(build_app(), args, prog_name="llamacy")
+    one = CliRunner().invoke(app_for(args), args, prog_name="llamacy")
+    assert (one.exit_code, one.output) == (whole.exit_code, whole.output)
+
+
+def test_no_command_or_an_unknown_one_gets_the_whole_app() -> None:
+    from llamacy.cli.app import app_for
+
+    for args in ([], ["--version"], ["--help"], ["runn"], ["-h", "run"]):
+        assert {c.name for c in app_for(args).registered_commands} == set(COMMANDS)

@@ -9,9 +9,10 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("LLAMACY_DEBUG", "") not in ("", "0")
     try:
-        from llamacy.cli.app import app
+        from llamacy.cli.app import app_for
 
-        app(args=argv, prog_name="llamacy")
+        args = sys.argv[1:] if argv is None else argv
+        app_for(args)(args=args, prog_name="llamacy")
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         sys.exit(130)

@@ -1,31 +1,45 @@
-"""The Typer application: one module per command registers itself here."""
+"""The Typer application: one module per command, registered here.
+
+A process runs one command, so `app_for(argv)` builds an application holding only the command that argv
+names (its module imported, its Click command built); anything else (no command, an option first, an
+unknown name) gets the whole application. The other twelve commands' imports and Click commands cost
+14-27 ms of `llamacy run`'s start-up. `app` is the whole application.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
 import typer
 
-from llamacy.cli import batch as batch_cmd
-from llamacy.cli import bench as bench_cmd
-from llamacy.cli import chat as chat_cmd
-from llamacy.cli import convert as convert_cmd
-from llamacy.cli import embed as embed_cmd
-from llamacy.cli import info as info_cmd
-from llamacy.cli import list_models as list_cmd
-from llamacy.cli import perplexity as perplexity_cmd
-from llamacy.cli import pull as pull_cmd
-from llamacy.cli import rm as rm_cmd
-from llamacy.cli import run as run_cmd
-from llamacy.cli import serve as serve_cmd
-from llamacy.cli import show as show_cmd
+from llamacy.cli.coercion import FastCommand, FastGroup
 
-app = typer.Typer(
-    name="llamacy",
-    help="Fast CPU inference for GGUF language models.",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# name: (module in llamacy.cli, function, help; None = the module's HELP)
+COMMANDS: dict[str, tuple[str, str, str | None]] = {
+    "run": ("run", "run", "Complete a prompt and print the completion."),
+    "chat": ("chat", "chat", "Chat with a model in the terminal (or answer input lines in a pipe)."),
+    "info": ("info", "info", "Describe a model file: architecture, size, quant mix, memory needs."),
+    "bench": ("bench", "bench", "Measure prompt processing (pp) and generation (tg) speed."),
+    "perplexity": (
+        "perplexity",
+        "perplexity",
+        "Perplexity of a model on a text file (the reference tool's method).",
+    ),
+    "serve": ("serve", "serve", "Serve the model over HTTP: OpenAI-compatible API and job API."),
+    "convert": (
+        "convert",
+        "convert",
+        "Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type.",
+    ),
+    "embed": ("embed", "embed", None),
+    "batch": ("batch", "batch", "Run prompts from a file into a JSONL file; rerun to resume after a crash."),
+    "pull": ("pull", "pull", "Download a GGUF model from a Hugging Face hub: OWNER/REPO[:QUANT]."),
+    "list": ("list_models", "list_models", "The models at hand: pulled ones and installed packages."),
+    "rm": ("rm", "rm", "Delete a pulled model."),
+    "show": ("show", "show", "Where a model came from and what it is (what info prints)."),
+}
 
 
 def _version(value: bool) -> None:
@@ -36,7 +50,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version."
@@ -45,24 +58,33 @@ def _root(
     """Fast CPU inference for GGUF language models."""
 
 
-app.command("run", help="Complete a prompt and print the completion.")(run_cmd.run)
-app.command("chat", help="Chat with a model in the terminal (or answer input lines in a pipe).")(
-    chat_cmd.chat
-)
-app.command("info", help="Describe a model file: architecture, size, quant mix, memory needs.")(info_cmd.info)
-app.command("bench", help="Measure prompt processing (pp) and generation (tg) speed.")(bench_cmd.bench)
-app.command("perplexity", help="Perplexity of a model on a text file (the reference tool's method).")(
-    perplexity_cmd.perplexity
-)
-app.command("serve", help="Serve the model over HTTP: OpenAI-compatible API and job API.")(serve_cmd.serve)
-app.command(
-    "convert", help="Convert a Hugging Face checkpoint or a GGUF file to a GGUF file of another type."
-)(convert_cmd.convert)
-app.command("embed", help=embed_cmd.HELP)(embed_cmd.embed)
-app.command("batch", help="Run prompts from a file into a JSONL file; rerun to resume after a crash.")(
-    batch_cmd.batch
-)
-app.command("pull", help="Download a GGUF model from a Hugging Face hub: OWNER/REPO[:QUANT].")(pull_cmd.pull)
-app.command("list", help="The models at hand: pulled ones and installed packages.")(list_cmd.list_models)
-app.command("rm", help="Delete a pulled model.")(rm_cmd.rm)
-app.command("show", help="Where a model came from and what it is (what info prints).")(show_cmd.show)
+def build_app(only: str | None = None) -> typer.Typer:
+    """The application with every command, or with the command `only` alone."""
+    application = typer.Typer(
+        name="llamacy",
+        cls=FastGroup,
+        help="Fast CPU inference for GGUF language models.",
+        add_completion=False,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    application.callback()(_root)
+    for name, (module_name, function, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(f"llamacy.cli.{module_name}")
+        application.command(name, cls=FastCommand, help=help_text or module.HELP)(getattr(module, function))
+    return application
+
+
+def app_for(argv: Sequence[str]) -> typer.Typer:
+    """The application to parse `argv` (the arguments after the program name) with."""
+    return build_app(argv[0] if argv and argv[0] in COMMANDS else None)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        globals()["app"] = application = build_app()
+        return application
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

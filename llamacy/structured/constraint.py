@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import llguidance
 import numpy as np
 
 from llamacy.errors import LlamacyError, UsageError
@@ -29,6 +28,8 @@ class Constraint:
     """An llguidance matcher for one sequence, with its mask in the shape the sampler takes."""
 
     def __init__(self, grammar: Grammar, tokenizer: Any, n_logits: int | None = None) -> None:
+        import llguidance  # here, not at the top: plain generation never pays for its import (~25 ms)
+
         self.grammar = grammar
         self.n_vocab = tokenizer.n_vocab
         # The output layer can be wider than the vocabulary (padding rows): those ids are never allowed.

@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import llguidance
-
 from llamacy.errors import UsageError
 
 # Between two JSON tokens: nothing, one space, or a newline and indentation (llama.cpp's `space` rule).
@@ -66,6 +64,8 @@ def one_line(message: str) -> str:
 
 def check(grammar: str, source: str, what: str) -> Grammar:
     """The grammar if llguidance accepts it; else UsageError naming `what` and the reason."""
+    import llguidance  # in each function, not at the top: plain generation never needs it (~25 ms)
+
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise UsageError(f"invalid {what}: {one_line(messages[0] if messages else 'rejected')}")
@@ -117,6 +117,8 @@ def close_objects(schema: Any) -> Any:
 
 def json_schema_grammar(schema: Any, what: str = "JSON schema") -> Grammar:
     """Output that is one JSON value valid against `schema` (a dict, or its JSON text)."""
+    import llguidance
+
     schema = close_objects(_as_schema(schema, what))
     try:
         text = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
@@ -134,6 +136,8 @@ def gbnf_grammar(text: str) -> Grammar:
     """A llama.cpp GBNF grammar (root rule `root`); Lark text is accepted too, as llguidance does."""
     if not isinstance(text, str) or not text.strip():
         raise UsageError("grammar must be non-empty GBNF text")
+    import llguidance
+
     try:
         compiled = llguidance.grammar_from("gbnf", text)
     except ValueError as e:
@@ -144,6 +148,8 @@ def gbnf_grammar(text: str) -> Grammar:
 def lark_grammar(text: str) -> Grammar:
     if not isinstance(text, str) or not text.strip():
         raise UsageError("grammar must be non-empty Lark text")
+    import llguidance
+
     return check(llguidance.LLMatcher.grammar_from_lark(text), "lark", "Lark grammar")
 
 
@@ -151,6 +157,8 @@ def regex_grammar(pattern: str) -> Grammar:
     """Output that matches `pattern` as a whole (Rust regex syntax)."""
     if not isinstance(pattern, str) or not pattern:
         raise UsageError("regex must be a non-empty string")
+    import llguidance
+
     return check(llguidance.LLMatcher.grammar_from_regex(pattern), "regex", "regex")
 
 

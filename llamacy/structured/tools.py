@@ -22,8 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import llguidance
-
 from llamacy.errors import UsageError
 from llamacy.structured.grammar import JSON_WHITESPACE, Grammar, check, close_objects, json_schema_grammar
 
@@ -270,6 +268,8 @@ class ToolPlan:
 
     def _call_grammar(self, rules: str) -> Grammar:
         """`rules` plus `body`: one call's JSON, {"name": <an offered tool>, "arguments": <its parameters>}."""
+        import llguidance  # here, not at the top: plain generation never needs it (~25 ms)
+
         variants = [
             {
                 "type": "object",

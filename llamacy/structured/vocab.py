@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
-
-import llguidance
+from typing import TYPE_CHECKING, Any
 
 from llamacy.tokenizer import TokenType
+
+if TYPE_CHECKING:
+    import llguidance  # imported where used (~25 ms): only constrained generation needs it
 
 _SPECIAL_PREFIX = b"\xff"
 
@@ -58,6 +59,8 @@ class _Wrapped:
 
 def ll_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
     """The LLTokenizer of `tokenizer` (a llamacy.tokenizer.Tokenizer), built on first use."""
+    import llguidance
+
     with _lock:
         cached = _cache.get(tokenizer)
         if cached is None:

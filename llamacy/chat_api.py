@@ -10,13 +10,12 @@ parsed for tool calls whenever tools are offered.
 
 from __future__ import annotations
 
-import time
-import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from llamacy.chat_template import ChatTemplate
+from llamacy.completion_shapes import envelope, sampling_options, stop_list, usage
 from llamacy.structured import StructuredRequest, tool_call_deltas
 
 _templates: weakref.WeakKeyDictionary[Any, ChatTemplate] = weakref.WeakKeyDictionary()
@@ -59,27 +58,12 @@ def create_chat_completion(
         parallel_tool_calls=parallel_tool_calls,
     )
     ids = tpl.encode(structured.render(tpl, messages, add_generation_prompt=True))
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    stops = stop_list(stop)
     stops += [s for s in tpl.stop_strings if s not in stops]
-    sampling = dict(
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=seed,
-    )
+    sampling = sampling_options(locals())
     constraint = structured.constraint(llm.tokenizer, llm.n_vocab)
     gen = llm.generate_tokens(ids, max_tokens, stop=stops, constraint=constraint, **sampling)
-    cid = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    model = llm.model_path.name
-
-    def wrap(obj: str, choice: dict) -> dict:
-        return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}
-
+    wrap = envelope("chatcmpl", llm.model_path.name)
     if stream:
         return _chunks(llm, gen, structured, lambda choice: wrap("chat.completion.chunk", choice))
     for _ in gen:
@@ -90,11 +74,7 @@ def create_chat_completion(
     if calls:
         message["tool_calls"] = calls
     out = wrap("chat.completion", {"index": 0, "message": message, "logprobs": None, "finish_reason": finish})
-    out["usage"] = {
-        "prompt_tokens": done.stats.prompt_tokens,
-        "completion_tokens": done.stats.gen_tokens,
-        "total_tokens": done.stats.prompt_tokens + done.stats.gen_tokens,
-    }
+    out["usage"] = usage(done.stats)
     return out
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llamacy.completion_shapes import envelope, sampling_options, stop_list, usage
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.generation.speculate import same_vocabulary, speculation
@@ -250,33 +250,18 @@ class Llama:
         unknown = set(speculation) - {"speculate", "draft_max", "ngram", "draft_model"}
         if unknown:
             raise UsageError(f"unknown option(s) for create_completion: {', '.join(sorted(unknown))}")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stops = stop_list(stop)
         constrained = request_grammar(response_format, grammar, json_schema)
-        kwargs = dict(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            seed=seed,
-        )
-        cid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = self.model_path.name
+        sampling = sampling_options(locals())
+        wrap = envelope("cmpl", self.model_path.name)
         gen = self.generate_tokens(
-            prompt, max_tokens, stop=stops, grammar=constrained, **speculation, **kwargs
+            prompt, max_tokens, stop=stops, grammar=constrained, **speculation, **sampling
         )
 
         def chunk(text: str, finish: str | None) -> dict:
-            return {
-                "id": cid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
-            }
+            return wrap(
+                "text_completion", {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+            )
 
         if stream:
 
@@ -293,11 +278,7 @@ class Llama:
             pass
         out = self.last
         result = chunk((prompt if echo else "") + out.text, out.finish_reason)
-        result["usage"] = {
-            "prompt_tokens": out.stats.prompt_tokens,
-            "completion_tokens": out.stats.gen_tokens,
-            "total_tokens": out.stats.prompt_tokens + out.stats.gen_tokens,
-        }
+        result["usage"] = usage(out.stats)
         return result
 
     # ---- embeddings -----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def _param(message: str, given: list[str]) -> str | None:
             return name
     if message.startswith("tools") or "tool " in message:
         return "tools"
-    formats = [name for name in given if name in ("response_format", "grammar", "json_schema")]
+    formats = [name for name in ("response_format", "grammar", "json_schema") if name in given]
     return formats[0] if formats else None
 
 
@@ -50,40 +50,17 @@ async def structured_for(served: ServedModel, body: Any, chat: bool) -> Structur
     )
 
 
-async def structured_request(
-    served: ServedModel,
-    *,
-    chat: bool,
-    response_format: Any = None,
-    grammar: str | None = None,
-    json_schema: Any = None,
-    tools: Any = None,
-    tool_choice: Any = None,
-    parallel_tool_calls: Any = None,
-) -> StructuredRequest:
-    """structured_for with the fields given in OpenAI's terms (the other dialects translate theirs first);
-    APIError 400 naming the field for bad input."""
-    fields = {
-        "response_format": response_format,
-        "grammar": grammar,
-        "json_schema": json_schema,
-        "tools": tools,
-        "tool_choice": tool_choice,
-    }
-    given = [name for name, value in fields.items() if value is not None]
+async def structured_request(served: ServedModel, *, chat: bool, **fields: Any) -> StructuredRequest:
+    """structured_for with the fields given in OpenAI's terms (the other dialects translate theirs first):
+    StructuredRequest.from_request's keywords (response_format, grammar, json_schema, tools, tool_choice,
+    parallel_tool_calls); APIError 400 naming the field for bad input."""
+    # parallel_tool_calls alone asks for nothing: it only qualifies tools.
+    given = [name for name, value in fields.items() if value is not None and name != "parallel_tool_calls"]
     if not given or (chat and served.template is None):  # no template: the chat route answers 501 itself
         return StructuredRequest.none()
 
     def build() -> StructuredRequest:
-        s = StructuredRequest.from_request(
-            served.template,
-            response_format=response_format,
-            grammar=grammar,
-            json_schema=json_schema,
-            tools=tools,
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls,
-        )
+        s = StructuredRequest.from_request(served.template, **fields)
         if s.constrained:
             s.constraint(served.tokenizer)  # builds the vocabulary view now, and proves the grammar loads
         return s

@@ -416,6 +416,7 @@ def _usage(msg: str) -> Exception:
 
 
 @opt.sampling_options
+@opt.speculation_options
 def chat(
     model: str = opt.MODEL,
     system: str = typer.Option(None, "--system", help="The system prompt."),
@@ -428,14 +429,10 @@ def chat(
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     threads: int = opt.THREADS,
-    speculate: str = opt.SPECULATE,
-    draft_max: int = opt.DRAFT_MAX,
-    ngram: int = opt.NGRAM,
-    draft_model: str = opt.DRAFT_MODEL,
+    spec: dict[str, Any] = opt.SPECULATION,
     sampling: dict[str, Any] = opt.SAMPLING,
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
-    spec = opt.speculation(speculate, draft_max, ngram, draft_model)
     interactive = sys.stdin.isatty()
     markdown = sys.stdout.isatty()
     if not interactive:  # invalid UTF-8 in piped input becomes U+FFFD, as in `llamacy run`

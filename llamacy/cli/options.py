@@ -31,16 +31,16 @@ NGRAM = typer.Option(None, "--ngram", help="With --speculate ngram: the n-gram l
 
 
 def speculation(
-    mode: str | None, draft_max: int | None, ngram: int | None, draft_model: str | None = None
+    speculate: str | None, draft_max: int | None, ngram: int | None, draft_model: str | None = None
 ) -> dict[str, Any]:
     """The speculation keywords of Llama.generate_tokens, validated before any model loads."""
     from llamacy.errors import UsageError
     from llamacy.generation.speculate import speculation as check
 
-    if mode is None and (draft_max is not None or ngram is not None):
+    if speculate is None and (draft_max is not None or ngram is not None):
         raise UsageError("--draft-max and --ngram go with --speculate ngram")
-    check(mode, draft_max, ngram, draft_model)
-    out = {"speculate": mode, "draft_max": draft_max, "ngram": ngram}
+    check(speculate, draft_max, ngram, draft_model)
+    out = {"speculate": speculate, "draft_max": draft_max, "ngram": ngram}
     return out if draft_model is None else {**out, "draft_model": draft_model}
 
 
@@ -67,32 +67,65 @@ def sampling_options(command: Callable[..., None]) -> Callable[..., None]:
     """Give a command the sampling options (--temp, --top-k, ... --seed) where its `sampling` parameter
     stands; the command receives them as one dict of SamplingParams fields, validated before any model loads
     (--seed -1 becomes None: a random seed)."""
-    sig = inspect.signature(command, eval_str=True)
-    params: list[inspect.Parameter] = []
-    for p in sig.parameters.values():
-        if p.name != "sampling":
-            params.append(p)
-            continue
-        if p.default is not SAMPLING:
-            raise TypeError(f"{command.__name__}: the sampling parameter's default must be options.SAMPLING")
-        params += [
-            inspect.Parameter(name, p.kind, default=option, annotation=kind)
-            for name, (kind, option) in _SAMPLING.items()
-        ]
 
-    @functools.wraps(command)
-    def with_sampling(**kwargs: Any) -> None:
+    def collect(sampling: dict[str, Any]) -> dict[str, Any]:
         from llamacy.generation import sampling_params
 
-        sampling = {name: kwargs.pop(name) for name in _SAMPLING}
         if sampling["seed"] == -1:
             sampling["seed"] = None
         sampling_params(sampling)
-        command(**kwargs, sampling=sampling)
+        return sampling
 
-    with_sampling.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-    with_sampling.__annotations__ = {p.name: p.annotation for p in params}
-    return with_sampling
+    return _expand(command, "sampling", SAMPLING, _SAMPLING, collect)
+
+
+# The default of a command's `spec` parameter: @speculation_options puts the options in its place.
+SPECULATION: Any = object()
+_SPECULATION = {
+    "speculate": (str, SPECULATE),
+    "draft_max": (int, DRAFT_MAX),
+    "ngram": (int, NGRAM),
+    "draft_model": (str, DRAFT_MODEL),
+}
+
+
+def speculation_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command --speculate, --draft-max, --ngram and --draft-model where its `spec` parameter stands;
+    the command receives speculation()'s dict (Llama.generate_tokens' keywords), validated before any model
+    loads."""
+    return _expand(command, "spec", SPECULATION, _SPECULATION, lambda v: speculation(**v))
+
+
+def _expand(
+    command: Callable[..., None],
+    name: str,
+    marker: Any,
+    options: dict[str, tuple[type, Any]],
+    collect: Callable[[dict[str, Any]], Any],
+) -> Callable[..., None]:
+    """The command with its parameter `name` (default `marker`) replaced by the options, for typer; called,
+    it passes collect(the options' values) as that parameter."""
+    sig = inspect.signature(command, eval_str=True)
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        if p.name != name:
+            params.append(p)
+            continue
+        if p.default is not marker:
+            raise TypeError(f"{command.__name__}: the {name} parameter's default must be its options marker")
+        params += [
+            inspect.Parameter(option_name, p.kind, default=option, annotation=kind)
+            for option_name, (kind, option) in options.items()
+        ]
+
+    @functools.wraps(command)
+    def with_options(**kwargs: Any) -> None:
+        values = {option_name: kwargs.pop(option_name) for option_name in options}
+        command(**kwargs, **{name: collect(values)})
+
+    with_options.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    with_options.__annotations__ = {p.name: p.annotation for p in params}
+    return with_options
 
 
 def check_counts(threads: int | None, ctx_size: int | None, predict: int | None = None) -> None:

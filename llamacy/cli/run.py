@@ -34,6 +34,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
 
 
 @opt.sampling_options
+@opt.speculation_options
 def run(
     prompt: str = typer.Argument(None, help="The prompt; '-' reads it from stdin."),
     file: Path = typer.Option(None, "--file", "-f", help="Read the prompt from a file."),
@@ -49,10 +50,7 @@ def run(
     echo: bool = typer.Option(
         None, "--echo/--no-echo", help="Print the prompt before the completion (default: on a terminal only)."
     ),
-    speculate: str = opt.SPECULATE,
-    draft_max: int = opt.DRAFT_MAX,
-    ngram: int = opt.NGRAM,
-    draft_model: str = opt.DRAFT_MODEL,
+    spec: dict[str, Any] = opt.SPECULATION,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Load time and tokens/s on stderr."),
     profile: bool = typer.Option(False, "--profile", help="Where the time went, per stage, on stderr."),
     json_object: bool = typer.Option(False, "--json", help="Output one JSON object (any)."),
@@ -64,7 +62,6 @@ def run(
     ),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
-    spec = opt.speculation(speculate, draft_max, ngram, draft_model)
     from llamacy.structured.grammar import cli_grammar
 
     constraint = cli_grammar(json_object, json_schema, grammar)  # a bad schema fails before the model loads

@@ -74,3 +74,37 @@ def tiny_model(tmp_path: Path) -> Callable[..., Path]:
         return write_tiny_model(path, arch=arch, wtype=wtype, **kwargs)
 
     return make
+
+
+# ---- the API tests' tiny model and server (one of each per test module) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """A tiny random model file (ChatML template): the API tests run on it where no real model is needed."""
+    from tests.model_factory import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_gguf):
+    from llamacy import Llama
+
+    return Llama(tiny_gguf, n_ctx=128, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_llm):
+    """A running server (3 parallel sequences) over tiny_llm, on 127.0.0.1."""
+    from tests.test_server import running_server
+
+    with running_server(tiny_llm, parallel=3) as (srv, _sched):
+        yield srv
+
+
+@pytest.fixture
+def tiny_oai(tiny_server):
+    """The official openai client, pointed at tiny_server."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)

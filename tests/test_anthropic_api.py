@@ -21,33 +21,14 @@ MSGS = [{"role": "user", "content": "Hello there"}]
 GREEDY = {"temperature": 0}  # the client has no temperature argument any more; the API still takes it
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    from llamacy import Llama
-    from tests.model_factory import write_tiny_model
-
-    return Llama(write_tiny_model(tmp_path_factory.mktemp("anthropic") / "tiny.gguf"), n_ctx=128, n_threads=1)
-
-
-@pytest.fixture(scope="module")
-def server(llm):
-    with running_server(llm, parallel=3) as (srv, _sched):
-        yield srv
+@pytest.fixture
+def client(tiny_server):
+    return anthropic.Anthropic(base_url=tiny_server.url, api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture
-def client(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60, headers={"anthropic-version": "2023-06-01"}) as c:
+def http(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=60, headers={"anthropic-version": "2023-06-01"}) as c:
         yield c
 
 
@@ -84,17 +65,17 @@ def assert_anthropic_error(r: httpx.Response, status: int, kind: str, fragment: 
 # ---- messages ----------------------------------------------------------------------------------------
 
 
-def test_message_equals_openai(client, oai, llm):
-    choice, usage = openai_chat(oai, MSGS)
+def test_message_equals_openai(client, tiny_oai, tiny_llm):
+    choice, usage = openai_chat(tiny_oai, MSGS)
     m = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY)
     assert m.id.startswith("msg_") and m.type == "message" and m.role == "assistant" and m.model == "tiny"
     assert [(b.type, b.text) for b in m.content] == [("text", choice.message.content)]
-    assert m.usage.input_tokens == usage.prompt_tokens == len(chat_ids(llm, MSGS))
+    assert m.usage.input_tokens == usage.prompt_tokens == len(chat_ids(tiny_llm, MSGS))
     assert m.usage.output_tokens == usage.completion_tokens
     want = {"length": "max_tokens", "stop": "end_turn"}[choice.finish_reason]
     assert m.stop_reason == want and m.stop_sequence is None
     # A system prompt is the template's system turn, as in the OpenAI request.
-    choice, _ = openai_chat(oai, [{"role": "system", "content": "Be brief."}, *MSGS])
+    choice, _ = openai_chat(tiny_oai, [{"role": "system", "content": "Be brief."}, *MSGS])
     m = client.messages.create(
         model="tiny", max_tokens=10, system="Be brief.", messages=MSGS, extra_body=GREEDY
     )
@@ -104,8 +85,8 @@ def test_message_equals_openai(client, oai, llm):
     assert m.content[0].text == choice.message.content
 
 
-def test_stream_event_sequence(client, oai, http):
-    choice, usage = openai_chat(oai, MSGS)
+def test_stream_event_sequence(client, tiny_oai, http):
+    choice, usage = openai_chat(tiny_oai, MSGS)
     body = {"model": "tiny", "max_tokens": 10, "messages": MSGS, "stream": True, **GREEDY}
     events = sse(http.post("/v1/messages", json=body))
     names = [e for e, _ in events]
@@ -165,34 +146,36 @@ def test_stop_sequences_and_max_tokens(client):
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 2
 
 
-def test_sampling_fields_reach_the_sampler(client, oai):
-    greedy = openai_chat(oai, MSGS)[0].message.content
+def test_sampling_fields_reach_the_sampler(client, tiny_oai):
+    greedy = openai_chat(tiny_oai, MSGS)[0].message.content
     # Sampling at temperature 1 that can only pick the most likely token: top_k=1, or a tiny top_p.
     for kw in ({"temperature": 1.0, "top_k": 1}, {"temperature": 1.0, "top_p": 1e-6}):
         m = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=kw)
         assert m.content[0].text == greedy, kw
 
 
-def test_turns_prefill_and_count_tokens(client, oai, llm):
+def test_turns_prefill_and_count_tokens(client, tiny_oai, tiny_llm):
     # Consecutive turns of one role are one turn, joined by a blank line.
     two = [
         {"role": "user", "content": "Hello"},
         {"role": "user", "content": [{"type": "text", "text": "there"}]},
     ]
-    choice, usage = openai_chat(oai, [{"role": "user", "content": "Hello\n\nthere"}])
+    choice, usage = openai_chat(tiny_oai, [{"role": "user", "content": "Hello\n\nthere"}])
     m = client.messages.create(model="tiny", max_tokens=10, messages=two, extra_body=GREEDY)
     assert m.content[0].text == choice.message.content and m.usage.input_tokens == usage.prompt_tokens
     assert client.messages.count_tokens(model="tiny", messages=two).input_tokens == usage.prompt_tokens
     # A final assistant turn is the start of the reply: the answer continues it.
     prefill = [*MSGS, {"role": "assistant", "content": "Well,"}]
-    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    tpl = ChatTemplate.from_model(tiny_llm.metadata, tiny_llm.tokenizer)
     ids = tpl.encode(tpl.render(MSGS, add_generation_prompt=True) + "Well,")
     assert client.messages.count_tokens(model="tiny", messages=prefill).input_tokens == len(ids)
     m = client.messages.create(model="tiny", max_tokens=10, messages=prefill, extra_body=GREEDY)
-    c = oai.completions.create(model="tiny", prompt=ids, max_tokens=10, temperature=0, stop=tpl.stop_strings)
+    c = tiny_oai.completions.create(
+        model="tiny", prompt=ids, max_tokens=10, temperature=0, stop=tpl.stop_strings
+    )
     assert m.content[0].text == c.choices[0].text and m.usage.input_tokens == len(ids)
     sys = client.messages.count_tokens(model="tiny", system="Be brief.", messages=MSGS).input_tokens
-    assert sys == len(chat_ids(llm, [{"role": "system", "content": "Be brief."}, *MSGS]))
+    assert sys == len(chat_ids(tiny_llm, [{"role": "system", "content": "Be brief."}, *MSGS]))
 
 
 # ---- errors ------------------------------------------------------------------------------------------
@@ -289,8 +272,8 @@ def test_errors_in_anthropics_shape(client, http):
     assert ok.status_code == 200, ok.text
 
 
-def test_guards_answer_in_anthropics_shape(llm):
-    with running_server(llm, parallel=1, api_key="k", max_body_bytes=4096) as (srv, _sched):
+def test_guards_answer_in_anthropics_shape(tiny_llm):
+    with running_server(tiny_llm, parallel=1, api_key="k", max_body_bytes=4096) as (srv, _sched):
         # The client sends its key as a bearer token; Anthropic's own x-api-key header works too.
         c = anthropic.Anthropic(base_url=srv.url, api_key="k", max_retries=0)
         assert c.messages.count_tokens(model="tiny", messages=MSGS).input_tokens > 0
@@ -320,8 +303,8 @@ def test_guards_answer_in_anthropics_shape(llm):
 def test_real_models_answer_as_the_openai_endpoint(model, request):
     from llamacy import Llama
 
-    llm = Llama(request.getfixturevalue(model), n_ctx=512, n_threads=2)
-    with running_server(llm, parallel=2) as (srv, _sched):
+    tiny_llm = Llama(request.getfixturevalue(model), n_ctx=512, n_threads=2)
+    with running_server(tiny_llm, parallel=2) as (srv, _sched):
         c = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)
         oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
         msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -347,9 +330,9 @@ def test_real_models_answer_as_the_openai_endpoint(model, request):
         assert m.content[0].text == want.choices[0].message.content
 
 
-def test_overloaded_and_shutdown(llm):
+def test_overloaded_and_shutdown(tiny_llm):
     # A scheduler that is not started holds every request in its queue: the next one finds it full.
-    with running_server(llm, start=False, queue_size=1) as (srv, sched):
+    with running_server(tiny_llm, start=False, queue_size=1) as (srv, sched):
         streamed: list[str] = []
 
         def first() -> None:
@@ -406,9 +389,9 @@ def test_tool_use_with_the_real_model(default_model_path):
     from llamacy.scheduler import Scheduler
     from llamacy.server import ServerSettings, ServerThread, create_app
 
-    llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
-    sched = Scheduler(llm, n_parallel=2, n_ctx=1024, n_threads=2).start()
-    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    tiny_llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
+    sched = Scheduler(tiny_llm, n_parallel=2, n_ctx=1024, n_threads=2).start()
+    tpl = ChatTemplate.from_model(tiny_llm.metadata, tiny_llm.tokenizer)
     srv = ServerThread(create_app(sched, tpl, ServerSettings(model_name="tiny"))).start()
     try:
         c = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=300)

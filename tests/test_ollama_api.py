@@ -24,39 +24,14 @@ MSGS = [{"role": "user", "content": "Hello there"}]
 GREEDY = {"temperature": 0, "num_predict": 10}
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from tests.model_factory import write_tiny_model
-
-    return write_tiny_model(tmp_path_factory.mktemp("ollama") / "tiny.gguf")
-
-
-@pytest.fixture(scope="module")
-def llm(tiny_path):
-    from llamacy import Llama
-
-    return Llama(tiny_path, n_ctx=128, n_threads=1)
-
-
-@pytest.fixture(scope="module")
-def server(llm):
-    with running_server(llm, parallel=3) as (srv, _sched):
-        yield srv
+@pytest.fixture
+def client(tiny_server):
+    return ollama.Client(host=tiny_server.url, timeout=60)
 
 
 @pytest.fixture
-def client(server):
-    return ollama.Client(host=server.url, timeout=60)
-
-
-@pytest.fixture
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+def http(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=60) as c:
         yield c
 
 
@@ -93,8 +68,8 @@ def assert_final_shape(obj: dict) -> None:
 # ---- generation --------------------------------------------------------------------------------------
 
 
-def test_chat_equals_openai(client, oai, http):
-    want, usage = openai_chat(oai, MSGS)
+def test_chat_equals_openai(client, tiny_oai, http):
+    want, usage = openai_chat(tiny_oai, MSGS)
     r = client.chat(model="tiny", messages=MSGS, options=GREEDY)
     assert r.message.role == "assistant" and r.message.content == want
     assert r.done and r.eval_count == usage.completion_tokens and r.prompt_eval_count == usage.prompt_tokens
@@ -114,13 +89,13 @@ def test_chat_equals_openai(client, oai, http):
     assert one.json()["message"] == {"role": "assistant", "content": want}
 
 
-def test_generate_equals_openai(client, oai, llm):
+def test_generate_equals_openai(client, tiny_oai, tiny_llm):
     # A templated prompt (the default) is one user turn, after the system prompt if there is one.
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}]
-    want, usage = openai_chat(oai, msgs)
+    want, usage = openai_chat(tiny_oai, msgs)
     r = client.generate(model="tiny", prompt="Why is the sky blue?", system="Be brief.", options=GREEDY)
     assert r.response == want and r.prompt_eval_count == usage.prompt_tokens
-    ids = chat_ids(llm, msgs)
+    ids = chat_ids(tiny_llm, msgs)
     assert list(r.context) == ids + list(r.context[len(ids) :]) and len(r.context) == len(ids) + r.eval_count
     streamed = list(
         client.generate(
@@ -129,7 +104,7 @@ def test_generate_equals_openai(client, oai, llm):
     )
     assert "".join(p.response for p in streamed) == want and streamed[-1].context == r.context
     # raw: the prompt as it is, as /v1/completions takes it; no context comes back.
-    c = oai.completions.create(model="tiny", prompt="Once upon", max_tokens=10, temperature=0)
+    c = tiny_oai.completions.create(model="tiny", prompt="Once upon", max_tokens=10, temperature=0)
     r = client.generate(model="tiny", prompt="Once upon", raw=True, options=GREEDY)
     assert r.response == c.choices[0].text and r.context is None
     assert r.eval_count == c.usage.completion_tokens and r.prompt_eval_count == c.usage.prompt_tokens
@@ -137,22 +112,22 @@ def test_generate_equals_openai(client, oai, llm):
     assert "".join(p.response for p in streamed) == c.choices[0].text
 
 
-def test_context_continues_a_conversation(client, oai, llm):
+def test_context_continues_a_conversation(client, tiny_oai, tiny_llm):
     first = client.generate(model="tiny", prompt="Hi", options={"temperature": 0, "num_predict": 4})
     second = client.generate(model="tiny", prompt="More", context=first.context, options=GREEDY)
-    turn = chat_ids(llm, [{"role": "user", "content": "More"}])
-    assert turn[0] == llm.tokenizer.bos_id  # its template writes BOS: not again in mid-conversation
+    turn = chat_ids(tiny_llm, [{"role": "user", "content": "More"}])
+    assert turn[0] == tiny_llm.tokenizer.bos_id  # its template writes BOS: not again in mid-conversation
     prompt = list(first.context) + turn[1:]
     assert second.prompt_eval_count == len(prompt)
     # The same ids as a completion prompt, with the template's end markers as stops: the same answer.
-    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
-    c = oai.completions.create(
+    tpl = ChatTemplate.from_model(tiny_llm.metadata, tiny_llm.tokenizer)
+    c = tiny_oai.completions.create(
         model="tiny", prompt=prompt, max_tokens=10, temperature=0, stop=tpl.stop_strings
     )
     assert second.response == c.choices[0].text
 
 
-def test_options_map_to_the_sampler(client, oai):
+def test_options_map_to_the_sampler(client, tiny_oai):
     sampling = {
         "seed": 7,
         "temperature": 0.9,
@@ -163,7 +138,7 @@ def test_options_map_to_the_sampler(client, oai):
     }
     r = client.generate(model="tiny", prompt="Once upon", raw=True, options={**sampling, "num_predict": 12})
     extra = {k: sampling[k] for k in ("top_k", "min_p", "repeat_penalty")}
-    c = oai.completions.create(
+    c = tiny_oai.completions.create(
         model="tiny", prompt="Once upon", max_tokens=12, seed=7, temperature=0.9, top_p=0.9, extra_body=extra
     )
     assert r.response == c.choices[0].text
@@ -326,12 +301,12 @@ def test_option_errors(http):
 # ---- models ------------------------------------------------------------------------------------------
 
 
-def test_tags_show_ps_version(client, http, llm, tiny_path):
+def test_tags_show_ps_version(client, http, tiny_llm, tiny_gguf):
     models = client.list().models
     assert [m.model for m in models] == ["tiny:latest"]
     m = models[0]
-    assert m.size == tiny_path.stat().st_size
-    assert m.digest == hashlib.sha256(tiny_path.read_bytes()).hexdigest()
+    assert m.size == tiny_gguf.stat().st_size
+    assert m.digest == hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     assert m.details.format == "gguf" and m.details.family == "llama" and m.details.families == ["llama"]
     assert m.details.quantization_level == "Q8_0" and m.details.parameter_size
     raw = http.get("/api/tags").json()["models"][0]
@@ -349,13 +324,13 @@ def test_tags_show_ps_version(client, http, llm, tiny_path):
     }
 
     s = client.show("tiny")
-    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    tpl = ChatTemplate.from_model(tiny_llm.metadata, tiny_llm.tokenizer)
     assert s.template == tpl.source and s.details.family == "llama" and "completion" in s.capabilities
     assert s.modelinfo["general.architecture"] == "llama" and s.modelinfo["general.parameter_count"] > 0
     assert s.modelinfo["tokenizer.ggml.tokens"] == []  # long arrays only when verbose, as Ollama does
-    assert "num_ctx" in s.parameters and '"<|im_end|>"' in s.parameters and f"FROM {tiny_path}" in s.modelfile
+    assert "num_ctx" in s.parameters and '"<|im_end|>"' in s.parameters and f"FROM {tiny_gguf}" in s.modelfile
     verbose = http.post("/api/show", json={"model": "tiny:latest", "verbose": True}).json()
-    assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) == llm.n_vocab
+    assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) == tiny_llm.n_vocab
     assert http.post("/api/show", json={"name": "tiny"}).status_code == 200  # the older spelling
     assert_ollama_error(http.post("/api/show", json={}), 400, "model is required")
 
@@ -368,9 +343,9 @@ def test_tags_show_ps_version(client, http, llm, tiny_path):
     assert http.get("/api/version").json() == {"version": __version__}
 
 
-def test_guards_answer_in_ollamas_shape(llm):
+def test_guards_answer_in_ollamas_shape(tiny_llm):
     """The API key, the body size limit and the router answer Ollama's paths in Ollama's shape."""
-    with running_server(llm, parallel=1, api_key="k", max_body_bytes=4096) as (srv, _sched):
+    with running_server(tiny_llm, parallel=1, api_key="k", max_body_bytes=4096) as (srv, _sched):
         c = ollama.Client(host=srv.url, headers={"Authorization": "Bearer k"})
         assert [m.model for m in c.list().models] == ["tiny:latest"]
         with pytest.raises(ollama.ResponseError) as e:
@@ -394,8 +369,8 @@ def test_guards_answer_in_ollamas_shape(llm):
 def test_real_models_answer_as_the_openai_endpoint(model, request):
     from llamacy import Llama
 
-    llm = Llama(request.getfixturevalue(model), n_ctx=512, n_threads=2)
-    with running_server(llm, parallel=2) as (srv, _sched):
+    tiny_llm = Llama(request.getfixturevalue(model), n_ctx=512, n_threads=2)
+    with running_server(tiny_llm, parallel=2) as (srv, _sched):
         c = ollama.Client(host=srv.url, timeout=300)
         oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
         msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -443,9 +418,9 @@ def test_format_and_tools_with_the_real_model(default_model_path):
     from llamacy.scheduler import Scheduler
     from llamacy.server import ServerSettings, ServerThread, create_app
 
-    llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
-    sched = Scheduler(llm, n_parallel=2, n_ctx=1024, n_threads=2).start()
-    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    tiny_llm = Llama(default_model_path, n_ctx=1024, n_threads=2)
+    sched = Scheduler(tiny_llm, n_parallel=2, n_ctx=1024, n_threads=2).start()
+    tpl = ChatTemplate.from_model(tiny_llm.metadata, tiny_llm.tokenizer)
     srv = ServerThread(create_app(sched, tpl, ServerSettings(model_name="tiny"))).start()
     try:
         _format_and_tools(srv)
@@ -576,9 +551,9 @@ def test_several_models(default_model_path, gemma_model_path):
         assert [p.model for p in c.ps().models] == [f"{n}:latest" for n in NAMES]  # in the registry's order
 
 
-def test_full_queue_and_shutdown(llm):
+def test_full_queue_and_shutdown(tiny_llm):
     # A scheduler that is not started holds every request in its queue: the next one finds it full.
-    with running_server(llm, start=False, queue_size=1) as (srv, sched):
+    with running_server(tiny_llm, start=False, queue_size=1) as (srv, sched):
         c = ollama.Client(host=srv.url, timeout=30)
         errors: list[Exception] = []
 

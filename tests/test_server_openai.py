@@ -19,42 +19,28 @@ from tests.test_server import assert_error, chat_ids, running_server, solo_text 
 STOP = ["<|im_end|>", "<|im_start|>"]  # the tiny model's ChatML template ends turns with these
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    from llamacy import Llama
-    from tests.model_factory import write_tiny_model
-
-    return Llama(write_tiny_model(tmp_path_factory.mktemp("openai") / "tiny.gguf"), n_ctx=128, n_threads=1)
-
-
-@pytest.fixture(scope="module")
-def server(llm):
-    with running_server(llm, parallel=3) as (srv, _sched):
-        yield srv
+@pytest.fixture
+def client(tiny_server):
+    return openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=30) as c:
+def http(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=30) as c:
         yield c
 
 
 # ---- n choices ---------------------------------------------------------------------------------------
 
 
-def test_n_choices_completion(llm, client):
+def test_n_choices_completion(tiny_llm, client):
     r = client.completions.create(model="tiny", prompt="Once upon", max_tokens=8, n=4, seed=11, temperature=1)
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     # Each choice is its own sequence, seeded seed + index: choice 0 is what n=1 gives.
-    want = [solo_text(llm, "Once upon", 8, temperature=1, seed=11 + i) for i in range(4)]
+    want = [solo_text(tiny_llm, "Once upon", 8, temperature=1, seed=11 + i) for i in range(4)]
     assert [c.text for c in r.choices] == want
     assert len(set(want)) > 1
-    assert r.usage.prompt_tokens == len(llm.tokenize("Once upon"))
+    assert r.usage.prompt_tokens == len(tiny_llm.tokenize("Once upon"))
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     ones = [
         client.completions.create(model="tiny", prompt="Once upon", max_tokens=8, seed=11 + i, temperature=1)
@@ -70,10 +56,11 @@ def test_n_choices_completion(llm, client):
         assert c.text.startswith("Hi") and c.logprobs.text_offset[0] == 2
 
 
-def test_n_choices_chat_stream(llm, client):
+def test_n_choices_chat_stream(tiny_llm, client):
     messages = [{"role": "user", "content": "Tell me a story"}]
     want = [
-        solo_text(llm, chat_ids(llm, messages), 10, temperature=0.9, seed=3 + i, stop=STOP) for i in range(3)
+        solo_text(tiny_llm, chat_ids(tiny_llm, messages), 10, temperature=0.9, seed=3 + i, stop=STOP)
+        for i in range(3)
     ]
     whole = client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=10, n=3, seed=3, temperature=0.9
@@ -100,7 +87,7 @@ def test_n_choices_chat_stream(llm, client):
 # ---- stream_options.include_usage --------------------------------------------------------------------
 
 
-def test_include_usage(llm, client, http):
+def test_include_usage(tiny_llm, client, http):
     chunks = list(
         client.chat.completions.create(
             model="tiny",
@@ -115,9 +102,9 @@ def test_include_usage(llm, client, http):
     *body, last = chunks
     assert last.choices == [] and last.usage is not None
     assert all(c.usage is None and len(c.choices) == 1 for c in body)
-    ids = chat_ids(llm, [{"role": "user", "content": "Hi"}])
+    ids = chat_ids(tiny_llm, [{"role": "user", "content": "Hi"}])
     assert last.usage.prompt_tokens == len(ids)
-    want = solo_text(llm, ids, 6, temperature=0, stop=STOP)
+    want = solo_text(tiny_llm, ids, 6, temperature=0, stop=STOP)
     assert "".join(c.choices[0].delta.content or "" for c in body if c.choices[0].index == 1) == want
     assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
     # The raw stream: `usage: null` on every chunk (OpenAI's way), then the usage chunk, then [DONE].
@@ -156,17 +143,17 @@ def test_logit_bias_in_the_sampler():
         Sampler(SamplingParams(logit_bias={4: 1.0}), 4)
 
 
-def test_logit_bias_through_the_api(llm, client):
+def test_logit_bias_through_the_api(tiny_llm, client):
     greedy = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, temperature=0)
-    first = llm.tokenize(greedy.choices[0].text, add_bos=False)[0]
+    first = tiny_llm.tokenize(greedy.choices[0].text, add_bos=False)[0]
     # -100 on the greedy first token: the answer starts differently, as the engine gives it.
     r = client.completions.create(
         model="tiny", prompt="Hello", max_tokens=5, temperature=0, logit_bias={str(first): -100}
     )
     assert r.choices[0].text != greedy.choices[0].text
-    assert r.choices[0].text == solo_text(llm, "Hello", 5, temperature=0, logit_bias={first: -100})
+    assert r.choices[0].text == solo_text(tiny_llm, "Hello", 5, temperature=0, logit_bias={first: -100})
     # +100 on one token: every sampled token is that one (seeded sampling, not greedy).
-    target = llm.tokenize(" the", add_bos=False)[-1]
+    target = tiny_llm.tokenize(" the", add_bos=False)[-1]
     r = client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "Hi"}],
@@ -175,15 +162,15 @@ def test_logit_bias_through_the_api(llm, client):
         logit_bias={str(target): 100},
         logprobs=True,
     )
-    sampled = [llm.tokenizer.token_bytes(target).decode()] * 6
+    sampled = [tiny_llm.tokenizer.token_bytes(target).decode()] * 6
     assert [t.token for t in r.choices[0].logprobs.content] == sampled
 
 
 # ---- /tokenize and /detokenize -----------------------------------------------------------------------
 
 
-def test_tokenize_detokenize(llm, http):
-    tok = llm.tokenizer
+def test_tokenize_detokenize(tiny_llm, http):
+    tok = tiny_llm.tokenizer
     text = "Hello world, <|im_start|>user"
     r = http.post("/tokenize", json={"content": text})
     assert r.status_code == 200
@@ -211,8 +198,8 @@ def test_tokenize_with_a_client_and_the_real_model(default_model_path):
     """The default model, end to end: /tokenize's ids are what the completion endpoint counts."""
     from llamacy import Llama
 
-    llm = Llama(default_model_path, n_ctx=128, n_threads=2)
-    with running_server(llm, parallel=1) as (srv, _sched):
+    tiny_llm = Llama(default_model_path, n_ctx=128, n_threads=2)
+    with running_server(tiny_llm, parallel=1) as (srv, _sched):
         ids = httpx.post(srv.url + "/tokenize", json={"content": "The capital of France is"}).json()["tokens"]
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         r = cli.completions.create(

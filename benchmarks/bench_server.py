@@ -1,7 +1,7 @@
 """Throughput of `llamacy serve` with many streaming clients vs one.
 
     python benchmarks/bench_server.py [--model PATH] [--clients 8] [--tokens 64] [--threads N] [--rounds 5]
-                                      [--client lean|httpx]
+                                      [--client lean|httpx] [--ref-server PATH/TO/llama-server]
 
 Starts `llamacy serve --parallel CLIENTS` on a free loopback port, warms it up, then runs --rounds rounds,
 each measuring both cases back to back (which one goes first alternates):
@@ -15,6 +15,13 @@ On a small shared machine single runs move by 20% and more, so the figures are m
 and the speed-up is the median of each round's own ratio (its two cases ran seconds apart). Beside them:
 the CPU time the server process and this client process spent per generated token (from /proc and
 getrusage), which noise from other tenants barely moves and which shows where the cores went.
+
+--ref-server puts the native reference engine's server (llama.cpp's llama-server, built by
+build_reference.sh) beside ours in the same run: the same model file, `-np CLIENTS`, the same context per
+sequence and threads, the same requests on its OpenAI-compatible /v1/completions. Each round then measures
+both cases on both servers (the order of the engines alternating too), and the figure to quote is the
+median of the rounds' own ratios ours / its at CLIENTS clients. Both servers stay up all run; an idle one
+sleeps on a socket (neither spins between requests).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,9 +39,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
@@ -185,6 +196,78 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     return proc, line.split(" at ")[1].split()[0].removesuffix("/v1")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_reference_server(args: argparse.Namespace, binary: str) -> tuple[subprocess.Popen, str]:
+    """llama-server on a free loopback port, CPU only, one slot per client; ready once /health says ok."""
+    from llamacy.catalog import resolve_model
+
+    port = free_port()
+    cmd = [binary, "-m", str(resolve_model(args.model)), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-np", str(args.clients), "-c", str(args.ctx_size * args.clients), "-ngl", "0"]
+    if args.threads:
+        cmd += ["-t", str(args.threads), "-tb", str(args.threads)]
+    env = dict(os.environ)
+    # A build tree's binaries find their libggml*.so beside them.
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (os.path.dirname(os.path.abspath(binary)), env.get("LD_LIBRARY_PATH")) if p
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"the reference server exited with code {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    sys.exit("the reference server did not become ready in 120 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def report(label: str, clients: int, singles: list[Round], manys: list[Round]) -> list[float]:
+    """Print one engine's figures; return its per-round CLIENTS-client tokens/s."""
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    ratios = [m.tokens_per_s / s.tokens_per_s for s, m in zip(singles, manys, strict=True)]
+    ttft = med([r.ttft_s for m in manys for r in m.runs])
+    per_client = med([r.tokens / r.total_s for m in manys for r in m.runs])
+    print(f"{label}:")
+    for name, rs in (("1 client: ", singles), (f"{clients} clients:", manys)):
+        tps = [r.tokens_per_s for r in rs]
+        srv = med([r.server_cpu_s / r.tokens * 1000 for r in rs])
+        cli = med([r.client_cpu_s / r.tokens * 1000 for r in rs])
+        print(
+            f"  {name} {med(tps):7.1f} generated tokens/s (median; range {min(tps):.1f}-{max(tps):.1f})  "
+            f"CPU per token: server {srv:.2f} ms, clients {cli:.2f} ms"
+        )
+    print(
+        f"  {clients} clients: per client {per_client:.1f} tok/s, median time to first token {ttft * 1000:.0f} ms"
+    )
+    print(
+        f"  speed-up: {med(ratios):.2f}x (median of the rounds' ratios; "
+        f"range {min(ratios):.2f}-{max(ratios):.2f}x)"
+    )
+    return [m.tokens_per_s for m in manys]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -201,53 +284,48 @@ def main() -> None:
         default="lean",
         help="lean: http.client, only the last chunk parsed; httpx: every chunk parsed as JSON",
     )
+    ap.add_argument(
+        "--ref-server",
+        default=None,
+        metavar="PATH",
+        help="the reference engine's llama-server binary, measured beside ours in the same run",
+    )
     args = ap.parse_args()
 
-    proc, url = start_server(args)
-    singles: list[Round] = []
-    manys: list[Round] = []
+    engines: list[tuple[str, subprocess.Popen, str]] = []
     try:
+        engines.append(("llamacy", *start_server(args)))
+        if args.ref_server:
+            engines.append(("llama-server", *start_reference_server(args, args.ref_server)))
         stream = CLIENTS[args.client]
-        stream(url, "Warm-up", 8, 0)
-        measure(url, args.clients, 8, 0, stream)  # every slot touched once
+        for _, _, url in engines:
+            stream(url, "Warm-up", 8, 0)
+            measure(url, args.clients, 8, 0, stream)  # every slot touched once
+        results = {name: ([], []) for name, _, _ in engines}
         for i in range(args.rounds):
-            order = (1, args.clients) if i % 2 == 0 else (args.clients, 1)
-            for n in order:
-                r = measure_round(url, proc.pid, n, args.tokens, 100 if n == 1 else 200, stream)
-                (singles if n == 1 else manys).append(r)
+            for name, proc, url in engines if i % 2 == 0 else engines[::-1]:
+                singles, manys = results[name]
+                order = (1, args.clients) if i % 2 == 0 else (args.clients, 1)
+                for n in order:
+                    r = measure_round(url, proc.pid, n, args.tokens, 100 if n == 1 else 200, stream)
+                    (singles if n == 1 else manys).append(r)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for _, proc, _ in engines:
+            stop(proc)
 
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs)
-
-    ratios = [m.tokens_per_s / s.tokens_per_s for s, m in zip(singles, manys, strict=True)]
-    ttft = med([r.ttft_s for m in manys for r in m.runs])
-    per_client = med([r.tokens / r.total_s for m in manys for r in m.runs])
     print(
         f"model: {args.model or 'default'}  threads: {args.threads or 'all'}  tokens/client: {args.tokens}  "
         f"rounds: {args.rounds}  client: {args.client}  cpus: {len(os.sched_getaffinity(0))}"
     )
-    for name, rs in (("1 client: ", singles), (f"{args.clients} clients:", manys)):
-        tps = [r.tokens_per_s for r in rs]
-        srv = med([r.server_cpu_s / r.tokens * 1000 for r in rs])
-        cli = med([r.client_cpu_s / r.tokens * 1000 for r in rs])
+    many = {name: report(name, args.clients, *results[name]) for name, _, _ in engines}
+    if args.ref_server:
+        ratios = [a / b for a, b in zip(many["llamacy"], many["llama-server"], strict=True)]
         print(
-            f"{name} {med(tps):7.1f} generated tokens/s (median; range {min(tps):.1f}-{max(tps):.1f})  "
-            f"CPU per token: server {srv:.2f} ms, clients {cli:.2f} ms"
+            f"llamacy / llama-server at {args.clients} clients: {statistics.median(ratios):.2f}x (median of "
+            f"the rounds' ratios; range {min(ratios):.2f}-{max(ratios):.2f}x; per round: "
+            + " ".join(f"{r:.2f}" for r in ratios)
+            + ")"
         )
-    print(
-        f"{args.clients} clients: per client {per_client:.1f} tok/s, median time to first token "
-        f"{ttft * 1000:.0f} ms"
-    )
-    print(
-        f"speed-up: {med(ratios):.2f}x (median of the rounds' ratios; "
-        f"range {min(ratios):.2f}-{max(ratios):.2f}x)"
-    )
 
 
 if __name__ == "__main__":

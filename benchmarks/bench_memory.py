@@ -5,8 +5,11 @@
 Decoding one token reads every weight once (98 MB for SmolLM2 Q4_1), so once a single thread streams
 near the bandwidth the machine gives it, more threads can only add what the memory system has left.
 This measures, interleaved round by round, medians reported:
-  1. read bandwidth: numpy's bitwise_or.reduce over a 512 MiB array (the GIL is released inside it), split
-     over 1 or 2 Python threads: a plain streaming read, no arithmetic to speak of;
+  1. read bandwidth: the thread team streams a 512 MiB buffer once with 1 or 2 threads, one contiguous
+     range each, OR-ing 64-byte lines into registers (llamacy.kernels.testing.read_seconds): next to no
+     arithmetic per byte. (Until December 2026 this was numpy's bitwise_or.reduce split over Python threads;
+     that loop is compute-bound at ~23 GB/s a thread here, so it understated the 2-thread bandwidth and
+     overstated decode's share of it.)
   2. llamacy decode (tg) at 1 and 2 threads, and the bytes of weights it streams per second.
 The ratio 2-thread / 1-thread of (1) bounds the ratio of (2) for a model that does not fit in cache.
 """
@@ -16,8 +19,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 def read_bandwidth(buf: np.ndarray, n_threads: int, reps: int = 4) -> float:
     """Best of reps: GB/s to read buf once with n_threads threads."""
-    parts = np.array_split(buf, n_threads)
-    best = 0.0
-    for _ in range(reps):
-        threads = [threading.Thread(target=np.bitwise_or.reduce, args=(p,)) for p in parts]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        best = max(best, buf.nbytes / (time.perf_counter() - t0) / 1e9)
-    return best
+    from llamacy.kernels import testing
+
+    return buf.nbytes / testing.read_seconds(buf, n_threads, reps) / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:

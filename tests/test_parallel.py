@@ -66,3 +66,18 @@ def test_jobs_after_rest_still_run_every_item():
     finally:
         stop.set()
         t.join(timeout=30)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_read_probe_reads_the_buffer(nthreads):
+    # The bandwidth probe of benchmarks/bench_memory.py: a time for a real read, and sizes checked first.
+    buf = np.zeros(3 * 2**20 // 8 + 8, dtype=np.uint64)
+    buf[0], buf[len(buf) // 2 + 3], buf[-1] = 1, 1 << 40, 1 << 63  # first, middle and last line
+    s, seen = testing.read_once(buf, nthreads)
+    assert 0 < s < 5
+    assert seen == 1 | 1 << 40 | 1 << 63
+    assert 0 < testing.read_seconds(buf, nthreads, reps=2) < 5
+    with pytest.raises(ValueError, match="64-byte lines"):
+        testing.read_seconds(np.ones(12, dtype=np.uint64), nthreads)
+    with pytest.raises(ValueError, match="64-byte lines"):
+        testing.read_seconds(np.ones(0, dtype=np.uint64), nthreads)

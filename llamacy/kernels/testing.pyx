@@ -1,7 +1,7 @@
 # Helpers for the tests and benchmarks, kept out of the production modules: a C-timed matrix product loop
 # (benchmarks/bench_kernels*.py), a thread-team coverage count (tests/test_parallel.py) and Python-level
 # entry points to the layer loop's element-wise operations (tests/test_ops.py checks them against numpy).
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 import time
 
@@ -131,3 +131,71 @@ def py_store_kv_row(float[::1] x, bint kv_f16):
     if x.shape[0]:
         store_kv_row(&ob[0], &x[0], x.shape[0], kv_f16)
     return out
+
+
+# Streaming read bandwidth (benchmarks/bench_memory.py): the thread team reads a buffer once, in one
+# contiguous range per thread (as decode reads its weights), OR-ing 64-byte lines into eight independent
+# accumulators: next to no arithmetic, so the figure is what memory delivers, not what a reduction loop can
+# consume (numpy's bitwise_or.reduce tops out at ~23 GB/s a thread here, below what one core can read).
+ctypedef struct _ReadCtx:
+    const uint64_t* p
+    int64_t n_lines
+    int64_t per_item
+    uint64_t sink[256]
+
+
+cdef void _read_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef _ReadCtx* c = <_ReadCtx*> ctx
+    cdef uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0
+    cdef int64_t item, i, i0, i1
+    cdef const uint64_t* q
+    for item in range(begin, end):
+        i0 = item * c.per_item
+        i1 = min(c.n_lines, i0 + c.per_item)
+        for i in range(i0, i1):
+            q = c.p + 8 * i
+            a0 |= q[0]
+            a1 |= q[1]
+            a2 |= q[2]
+            a3 |= q[3]
+            a4 |= q[4]
+            a5 |= q[5]
+            a6 |= q[6]
+            a7 |= q[7]
+    c.sink[tid & 255] |= a0 | a1 | a2 | a3 | a4 | a5 | a6 | a7
+
+
+def _read_view(buf):
+    arr = np.ascontiguousarray(buf).reshape(-1).view(np.uint64)
+    if arr.shape[0] < 8 or arr.shape[0] % 8:
+        raise ValueError("buf must hold a whole number (>= 1) of 64-byte lines")
+    return arr
+
+
+def read_once(buf, int nthreads):
+    """(seconds, OR of every 64-bit word of buf): one read of buf (C-contiguous, a whole number of 64-byte
+    lines) by nthreads threads of the team, each thread one contiguous range."""
+    arr = _read_view(buf)
+    cdef const uint64_t[::1] v = arr
+    cdef _ReadCtx c
+    cdef int i
+    c.p = &v[0]
+    c.n_lines = arr.shape[0] // 8
+    for i in range(256):
+        c.sink[i] = 0
+    nthreads = min(max(nthreads, 1), ensure_threads(nthreads))
+    c.per_item = (c.n_lines + nthreads - 1) // nthreads
+    cdef int64_t n_items = (c.n_lines + c.per_item - 1) // c.per_item
+    t0 = time.perf_counter()
+    with nogil:
+        parallel_for(_read_task, &c, n_items, 1, nthreads)
+    dt = time.perf_counter() - t0
+    cdef uint64_t acc = 0
+    for i in range(256):
+        acc |= c.sink[i]
+    return dt, int(acc)
+
+
+def read_seconds(buf, int nthreads, int reps=4):
+    """Best of reps: seconds for nthreads threads to read buf once (read_once)."""
+    return min(read_once(buf, nthreads)[0] for _ in range(reps))

@@ -16,8 +16,8 @@ and the speed-up is the median of each round's own ratio (its two cases ran seco
 the CPU time the server process and this client process spent per generated token (from /proc and
 getrusage), which noise from other tenants barely moves and which shows where the cores went.
 
---ref-server puts the native reference engine's server (llama.cpp's llama-server, built by
-build_reference.sh) beside ours in the same run: the same model file, `-np CLIENTS`, the same context per
+--ref-server (or $LLAMACY_REF_SERVER; `make bench-server`) puts the native reference engine's server
+(llama.cpp's llama-server, built by build_reference.sh) beside ours in the same run: the same model file, `-np CLIENTS`, the same context per
 sequence and threads, the same requests on its OpenAI-compatible /v1/completions. Each round then measures
 both cases on both servers (the order of the engines alternating too), and the figure to quote is the
 median of the rounds' own ratios ours / its at CLIENTS clients. Both servers stay up all run; an idle one
@@ -286,9 +286,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--ref-server",
-        default=None,
+        default=os.environ.get("LLAMACY_REF_SERVER") or None,
         metavar="PATH",
-        help="the reference engine's llama-server binary, measured beside ours in the same run",
+        help="the reference engine's llama-server binary, measured beside ours in the same run "
+        "(default: $LLAMACY_REF_SERVER)",
     )
     args = ap.parse_args()
 

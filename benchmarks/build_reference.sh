@@ -7,6 +7,7 @@
 #   LLAMA_CPP_COMMIT=<sha> benchmarks/build_reference.sh
 #
 # Then: LLAMACY_REF_BENCH=DIR/build/bin/llama-bench make bench   (or run_all.py --ref-bench PATH)
+#       LLAMACY_REF_SERVER=DIR/build/bin/llama-server make bench-server   (or bench_server.py --ref-server PATH)
 set -euo pipefail
 
 COMMIT="${LLAMA_CPP_COMMIT:-3f545becc}"

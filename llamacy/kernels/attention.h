@@ -81,14 +81,25 @@ LC_ATT_INLINE void lc_att_scores8(const float *q, const void *K, ptrdiff_t j, pt
     _mm256_storeu_ps(scores + j, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
 }
 
-/* out[0..nv*8) = inv * sum_j w[j] * V row j (columns d0..), nv <= 8 vectors kept in registers. */
-LC_ATT_INLINE void lc_att_values(const float *w, const void *V, ptrdiff_t first, ptrdiff_t n, ptrdiff_t hd,
-                                 ptrdiff_t d0, float inv, float *out, int f16) {
+/* acc[d0..hd) (+)= sum over rows r < nr of w[r] * V row row0 + r (columns d0.., up to 64 of them): from
+ * zero when init, else continuing the sums stored there. Per column the fma chain runs over r ascending,
+ * so walking the rows in blocks, with the sums parked in memory between blocks (exact), gives the very
+ * sums of one walk over all rows. */
+LC_ATT_INLINE void lc_att_values_acc(const float *w, const void *V, ptrdiff_t row0, ptrdiff_t nr, ptrdiff_t hd,
+                                     ptrdiff_t d0, float *acc, int init, int f16) {
     if (hd - d0 >= 64) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (ptrdiff_t j = first; j < n; j++) {
-            const ptrdiff_t v = j * hd + d0;
-            __m256 wj = _mm256_broadcast_ss(w + j);
+        float *o = acc + d0;
+        __m256 a0, a1, a2, a3, a4, a5, a6, a7;
+        if (init) {
+            a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        } else {
+            a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16);
+            a3 = _mm256_loadu_ps(o + 24), a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40);
+            a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
+        }
+        for (ptrdiff_t r = 0; r < nr; r++) {
+            const ptrdiff_t v = (row0 + r) * hd + d0;
+            __m256 wj = _mm256_broadcast_ss(w + r);
             a0 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v, f16), a0);
             a1 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 8, f16), a1);
             a2 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 16, f16), a2);
@@ -98,23 +109,34 @@ LC_ATT_INLINE void lc_att_values(const float *w, const void *V, ptrdiff_t first,
             a6 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 48, f16), a6);
             a7 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 56, f16), a7);
         }
-        __m256 iv = _mm256_set1_ps(inv);
-        _mm256_storeu_ps(out + d0, _mm256_mul_ps(a0, iv));
-        _mm256_storeu_ps(out + d0 + 8, _mm256_mul_ps(a1, iv));
-        _mm256_storeu_ps(out + d0 + 16, _mm256_mul_ps(a2, iv));
-        _mm256_storeu_ps(out + d0 + 24, _mm256_mul_ps(a3, iv));
-        _mm256_storeu_ps(out + d0 + 32, _mm256_mul_ps(a4, iv));
-        _mm256_storeu_ps(out + d0 + 40, _mm256_mul_ps(a5, iv));
-        _mm256_storeu_ps(out + d0 + 48, _mm256_mul_ps(a6, iv));
-        _mm256_storeu_ps(out + d0 + 56, _mm256_mul_ps(a7, iv));
+        _mm256_storeu_ps(o, a0);
+        _mm256_storeu_ps(o + 8, a1);
+        _mm256_storeu_ps(o + 16, a2);
+        _mm256_storeu_ps(o + 24, a3);
+        _mm256_storeu_ps(o + 32, a4);
+        _mm256_storeu_ps(o + 40, a5);
+        _mm256_storeu_ps(o + 48, a6);
+        _mm256_storeu_ps(o + 56, a7);
         return;
     }
     for (ptrdiff_t d = d0; d < hd; d += 8) { /* fewer than 64 columns left: one vector at a time */
-        __m256 a = _mm256_setzero_ps();
-        for (ptrdiff_t j = first; j < n; j++)
-            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j), lc_kv_load8(V, j * hd + d, f16), a);
-        _mm256_storeu_ps(out + d, _mm256_mul_ps(a, _mm256_set1_ps(inv)));
+        __m256 a = init ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + d);
+        for (ptrdiff_t r = 0; r < nr; r++)
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r), lc_kv_load8(V, (row0 + r) * hd + d, f16), a);
+        _mm256_storeu_ps(acc + d, a);
     }
+}
+
+/* out[0..hd) *= inv: the weighted sums become the softmax average. */
+LC_ATT_INLINE void lc_att_scale(float *out, ptrdiff_t hd, float inv) {
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (ptrdiff_t d = 0; d < hd; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), iv));
+}
+
+/* dst[0..count) = the halves src[0..count) as floats (exact); count a multiple of 8. */
+LC_ATT_INLINE void lc_att_widen(const uint16_t *src, float *dst, ptrdiff_t count) {
+    for (ptrdiff_t i = 0; i < count; i += 8)
+        _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
 }
 #endif
 
@@ -140,6 +162,22 @@ LC_ATT_INLINE float lc_att_dot(const float *q, const void *K, ptrdiff_t row, ptr
     return s;
 }
 
+/* scores[first..n) become exp(score - max) (softcapped first when softcap > 0); returns 1 / their sum. */
+LC_ATT_INLINE float lc_att_softmax(float *scores, ptrdiff_t first, ptrdiff_t n, float softcap) {
+    ptrdiff_t j;
+    if (softcap > 0.0f)
+        for (j = first; j < n; j++) scores[j] = softcap * tanhf(scores[j] / softcap);
+    float m = -3.0e38f;
+    for (j = first; j < n; j++) m = scores[j] > m ? scores[j] : m;
+    float total = 0.0f;
+    for (j = first; j < n; j++) {
+        float w = expf(scores[j] - m);
+        scores[j] = w;
+        total += w;
+    }
+    return 1.0f / total;
+}
+
 /* K and V point at position 0 of the head's cache (rows of hd values); scores needs last + 1 floats. */
 LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, ptrdiff_t first, ptrdiff_t last,
                                   ptrdiff_t hd, float scale, float softcap, float *scores, float *out, int f16) {
@@ -151,20 +189,12 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
         for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, f16);
 #endif
     for (; j < n; j++) scores[j] = lc_att_dot(q, K, j * hd, hd, f16) * scale;
-    if (softcap > 0.0f)
-        for (j = first; j < n; j++) scores[j] = softcap * tanhf(scores[j] / softcap);
-    float m = -3.0e38f;
-    for (j = first; j < n; j++) m = scores[j] > m ? scores[j] : m;
-    float total = 0.0f;
-    for (j = first; j < n; j++) {
-        float w = expf(scores[j] - m);
-        scores[j] = w;
-        total += w;
-    }
-    const float inv = 1.0f / total;
+    const float inv = lc_att_softmax(scores, first, n, softcap);
 #if LC_ATT_SIMD
     if (simd) {
-        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64) lc_att_values(scores, V, first, n, hd, d0, inv, out, f16);
+        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
+            lc_att_values_acc(scores + first, V, first, n - first, hd, d0, out, 1, f16);
+        lc_att_scale(out, hd, inv);
         return;
     }
 #endif
@@ -173,6 +203,89 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
         const float w = scores[j] * inv;
         for (ptrdiff_t d = 0; d < hd; d++) out[d] += w * lc_kv_get(V, j * hd + d, f16);
     }
+}
+
+/* The grouped kernel's reach: heads of up to LC_ATT_GROUP_HD values (the row buffer on the stack), up to
+ * LC_ATT_GROUP_MAX heads per pass (their 1 / sum kept in an array); wider heads take lc_attend_impl per head,
+ * larger groups several passes. LC_ATT_VROWS: V rows per block, widened once for all heads. */
+#define LC_ATT_GROUP_HD 256
+#define LC_ATT_GROUP_MAX 16
+#define LC_ATT_VROWS 16
+
+/* G <= LC_ATT_GROUP_MAX query heads over one KV head: head g reads q + g * hd, writes out + g * hd and uses
+ * scores + g * ss (ss >= last + 1) as lc_attend_impl's scores. Each cached row is read (and widened) once
+ * for the G heads, not G times; each head's output is bit for bit lc_attend_impl's: the scores run in the
+ * same blocks of 8 from first through the same lc_att_scores8 on the same values (halves widened exactly
+ * into a float buffer), the positions left over through lc_att_dot on the cached rows, the softmax is
+ * lc_att_softmax, and the weighted sums are lc_att_values_acc's per-column chains in blocks of rows. */
+LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const void *V, ptrdiff_t first,
+                                        ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
+                                        float *scores, ptrdiff_t ss, float *out, int f16) {
+#if LC_ATT_SIMD
+    const ptrdiff_t n = last + 1;
+    float buf[LC_ATT_VROWS * LC_ATT_GROUP_HD] __attribute__((aligned(32)));
+    float inv[LC_ATT_GROUP_MAX];
+    ptrdiff_t j = first, g;
+    for (; j + 8 <= n; j += 8) {
+        /* lc_att_scores8 reads rows r0..r0+8 of kb and writes sc[r0..r0+8) */
+        const void *kb = K;
+        ptrdiff_t r0 = j;
+        if (f16) {
+            lc_att_widen((const uint16_t *)K + j * hd, buf, 8 * hd);
+            kb = buf;
+            r0 = 0;
+        }
+        for (g = 0; g < G; g++) lc_att_scores8(q + g * hd, kb, r0, hd, scale, scores + g * ss + j - r0, 0);
+    }
+    for (; j < n; j++)
+        for (g = 0; g < G; g++) scores[g * ss + j] = lc_att_dot(q + g * hd, K, j * hd, hd, f16) * scale;
+    for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
+    for (j = first; j < n; j += LC_ATT_VROWS) {
+        const ptrdiff_t nr = n - j < LC_ATT_VROWS ? n - j : LC_ATT_VROWS;
+        const void *vb = V;
+        ptrdiff_t r0 = j;
+        if (f16) {
+            lc_att_widen((const uint16_t *)V + j * hd, buf, nr * hd);
+            vb = buf;
+            r0 = 0;
+        }
+        for (g = 0; g < G; g++)
+            for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
+                lc_att_values_acc(scores + g * ss + j, vb, r0, nr, hd, d0, out + g * hd, j == first, 0);
+    }
+    for (g = 0; g < G; g++) lc_att_scale(out + g * hd, hd, inv[g]);
+#else
+    (void)q, (void)K, (void)V, (void)first, (void)last, (void)hd, (void)G, (void)scale, (void)softcap;
+    (void)scores, (void)ss, (void)out, (void)f16;
+#endif
+}
+
+/* G query heads sharing one KV head (the layout of lc_attend_group_pass, any G >= 1): grouped where the
+ * SIMD kernel runs and the rows fit the buffer, else lc_attend_impl head by head. */
+LC_ATT_INLINE void lc_attend_group_impl(const float *q, const void *K, const void *V, ptrdiff_t first,
+                                        ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
+                                        float *scores, ptrdiff_t ss, float *out, int f16) {
+    if (LC_ATT_SIMD && G > 1 && hd % 8 == 0 && hd <= LC_ATT_GROUP_HD) {
+        for (ptrdiff_t g0 = 0; g0 < G; g0 += LC_ATT_GROUP_MAX)
+            lc_attend_group_pass(q + g0 * hd, K, V, first, last, hd,
+                                 G - g0 < LC_ATT_GROUP_MAX ? G - g0 : LC_ATT_GROUP_MAX, scale, softcap,
+                                 scores + g0 * ss, ss, out + g0 * hd, f16);
+        return;
+    }
+    for (ptrdiff_t g = 0; g < G; g++)
+        lc_attend_impl(q + g * hd, K, V, first, last, hd, scale, softcap, scores + g * ss, out + g * hd, f16);
+}
+
+static void lc_attend_group(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,
+                            ptrdiff_t hd, ptrdiff_t G, float scale, float softcap, float *scores, ptrdiff_t ss,
+                            float *out) {
+    lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, 0);
+}
+
+static void lc_attend_group_f16(const float *q, const uint16_t *K, const uint16_t *V, ptrdiff_t first,
+                                ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
+                                float *scores, ptrdiff_t ss, float *out) {
+    lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, 1);
 }
 
 static void lc_attend(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,

@@ -116,15 +116,17 @@ def test_grouped_attention_is_bitwise_the_one_head_kernel(kv, softcap, head_dim,
 
 
 def test_grouped_attention_over_many_heads_and_positions():
-    # More heads than one pass of the kernel takes (16) and more V rows than one block (16), f16 and f32.
+    # More heads than one pass of the kernel takes (16), and more V rows than one block (16 KB of rows:
+    # 128 half rows of 64 values), with the one-vector column path (72) too.
     rng = np.random.default_rng(8)
     for kv in (np.float32, np.float16):
-        K = rng.standard_normal((300, 64)).astype(kv)
-        V = rng.standard_normal((300, 64)).astype(kv)
-        q = rng.standard_normal((18, 64)).astype(np.float32)
-        got = testing.py_attend_group(q, K, V, 21, 298, 0.125)
-        want = np.stack([testing.py_attend(q[h], K, V, 21, 298, 0.125) for h in range(18)])
-        assert np.array_equal(got, want)
+        for head_dim in (64, 72):
+            K = rng.standard_normal((300, head_dim)).astype(kv)
+            V = rng.standard_normal((300, head_dim)).astype(kv)
+            q = rng.standard_normal((18, head_dim)).astype(np.float32)
+            got = testing.py_attend_group(q, K, V, 21, 298, 0.125)
+            want = np.stack([testing.py_attend(q[h], K, V, 21, 298, 0.125) for h in range(18)])
+            assert np.array_equal(got, want)
 
 
 def test_grouped_attention_rejects_bad_shapes():

@@ -132,12 +132,6 @@ LC_ATT_INLINE void lc_att_scale(float *out, ptrdiff_t hd, float inv) {
     const __m256 iv = _mm256_set1_ps(inv);
     for (ptrdiff_t d = 0; d < hd; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), iv));
 }
-
-/* dst[0..count) = the halves src[0..count) as floats (exact); count a multiple of 8. */
-LC_ATT_INLINE void lc_att_widen(const uint16_t *src, float *dst, ptrdiff_t count) {
-    for (ptrdiff_t i = 0; i < count; i += 8)
-        _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-}
 #endif
 
 /* The dot product of q with a cached row (the positions left over from the blocks of 8, and no-SIMD). */
@@ -205,53 +199,39 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
     }
 }
 
-/* The grouped kernel's reach: heads of up to LC_ATT_GROUP_HD values (the row buffer on the stack), up to
- * LC_ATT_GROUP_MAX heads per pass (their 1 / sum kept in an array); wider heads take lc_attend_impl per head,
- * larger groups several passes. LC_ATT_VROWS: V rows per block, widened once for all heads. */
-#define LC_ATT_GROUP_HD 256
+/* Up to LC_ATT_GROUP_MAX heads per pass of the grouped kernel (their 1 / sum kept in an array); larger groups
+ * take several passes. Its V rows go in blocks of about LC_ATT_VBLOCK_BYTES, re-read from L1 by each head. */
 #define LC_ATT_GROUP_MAX 16
-#define LC_ATT_VROWS 16
+#define LC_ATT_VBLOCK_BYTES 16384
 
 /* G <= LC_ATT_GROUP_MAX query heads over one KV head: head g reads q + g * hd, writes out + g * hd and uses
- * scores + g * ss (ss >= last + 1) as lc_attend_impl's scores. Each cached row is read (and widened) once
- * for the G heads, not G times; each head's output is bit for bit lc_attend_impl's: the scores run in the
- * same blocks of 8 from first through the same lc_att_scores8 on the same values (halves widened exactly
- * into a float buffer), the positions left over through lc_att_dot on the cached rows, the softmax is
- * lc_att_softmax, and the weighted sums are lc_att_values_acc's per-column chains in blocks of rows. */
+ * scores + g * ss (ss >= last + 1) as lc_attend_impl's scores. The heads take turns on each block of cached
+ * rows (8 K rows for the scores, a block of V rows for the sums), so each row comes from memory once for
+ * the G heads and from L1 for the others, where lc_attend_impl walks all rows once per head.
+ * Each head's output is bit for bit lc_attend_impl's: the scores run through lc_att_scores8 in the same
+ * blocks of 8 from first, the positions left over through lc_att_dot, the softmax is lc_att_softmax and
+ * the sums lc_att_values_acc's per-column chains, continued from block to block.
+ * Widening each half-precision block once into a float buffer for all heads, instead of per head as it
+ * is loaded, measured slower on the AMD EPYC this was written on (1.1-1.5x the per-head kernel, a
+ * half-cache Gemma 3 head group in L2): the stores and reloads cost more than the conversions saved. */
 LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
                                         float *scores, ptrdiff_t ss, float *out, int f16) {
 #if LC_ATT_SIMD
     const ptrdiff_t n = last + 1;
-    float buf[LC_ATT_VROWS * LC_ATT_GROUP_HD] __attribute__((aligned(32)));
+    const ptrdiff_t fit = LC_ATT_VBLOCK_BYTES / (hd * (f16 ? 2 : 4)), vrows = fit > 8 ? fit : 8;
     float inv[LC_ATT_GROUP_MAX];
     ptrdiff_t j = first, g;
-    for (; j + 8 <= n; j += 8) {
-        /* lc_att_scores8 reads rows r0..r0+8 of kb and writes sc[r0..r0+8) */
-        const void *kb = K;
-        ptrdiff_t r0 = j;
-        if (f16) {
-            lc_att_widen((const uint16_t *)K + j * hd, buf, 8 * hd);
-            kb = buf;
-            r0 = 0;
-        }
-        for (g = 0; g < G; g++) lc_att_scores8(q + g * hd, kb, r0, hd, scale, scores + g * ss + j - r0, 0);
-    }
+    for (; j + 8 <= n; j += 8)
+        for (g = 0; g < G; g++) lc_att_scores8(q + g * hd, K, j, hd, scale, scores + g * ss, f16);
     for (; j < n; j++)
         for (g = 0; g < G; g++) scores[g * ss + j] = lc_att_dot(q + g * hd, K, j * hd, hd, f16) * scale;
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
-    for (j = first; j < n; j += LC_ATT_VROWS) {
-        const ptrdiff_t nr = n - j < LC_ATT_VROWS ? n - j : LC_ATT_VROWS;
-        const void *vb = V;
-        ptrdiff_t r0 = j;
-        if (f16) {
-            lc_att_widen((const uint16_t *)V + j * hd, buf, nr * hd);
-            vb = buf;
-            r0 = 0;
-        }
+    for (j = first; j < n; j += vrows) {
+        const ptrdiff_t nr = n - j < vrows ? n - j : vrows;
         for (g = 0; g < G; g++)
             for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
-                lc_att_values_acc(scores + g * ss + j, vb, r0, nr, hd, d0, out + g * hd, j == first, 0);
+                lc_att_values_acc(scores + g * ss + j, V, j, nr, hd, d0, out + g * hd, j == first, f16);
     }
     for (g = 0; g < G; g++) lc_att_scale(out + g * hd, hd, inv[g]);
 #else
@@ -261,11 +241,11 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
 }
 
 /* G query heads sharing one KV head (the layout of lc_attend_group_pass, any G >= 1): grouped where the
- * SIMD kernel runs and the rows fit the buffer, else lc_attend_impl head by head. */
+ * SIMD kernel runs, else lc_attend_impl head by head. */
 LC_ATT_INLINE void lc_attend_group_impl(const float *q, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
                                         float *scores, ptrdiff_t ss, float *out, int f16) {
-    if (LC_ATT_SIMD && G > 1 && hd % 8 == 0 && hd <= LC_ATT_GROUP_HD) {
+    if (LC_ATT_SIMD && G > 1 && hd % 8 == 0) {
         for (ptrdiff_t g0 = 0; g0 < G; g0 += LC_ATT_GROUP_MAX)
             lc_attend_group_pass(q + g0 * hd, K, V, first, last, hd,
                                  G - g0 < LC_ATT_GROUP_MAX ? G - g0 : LC_ATT_GROUP_MAX, scale, softcap,

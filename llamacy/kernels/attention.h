@@ -199,6 +199,20 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
     }
 }
 
+/* lc_att_scores8 as a call of its own, for the grouped kernel: inlined into the loops over heads and blocks,
+ * its 8 row pointers no longer fit the registers beside theirs, and reloading them from the stack every
+ * step cost more than the call (Gemma 3 prefill attention was 6% slower than head by head). */
+#if LC_ATT_SIMD
+static __attribute__((noinline)) void lc_att_scores8_f32(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd,
+                                                         float scale, float *scores) {
+    lc_att_scores8(q, K, j, hd, scale, scores, 0);
+}
+static __attribute__((noinline)) void lc_att_scores8_f16(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd,
+                                                         float scale, float *scores) {
+    lc_att_scores8(q, K, j, hd, scale, scores, 1);
+}
+#endif
+
 /* Up to LC_ATT_GROUP_MAX heads per pass of the grouped kernel (their 1 / sum kept in an array); larger groups
  * take several passes. Its V rows go in blocks of about LC_ATT_VBLOCK_BYTES, re-read from L1 by each head. */
 #define LC_ATT_GROUP_MAX 16
@@ -212,8 +226,9 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
  * blocks of 8 from first, the positions left over through lc_att_dot, the softmax is lc_att_softmax and
  * the sums lc_att_values_acc's per-column chains, continued from block to block.
  * Widening each half-precision block once into a float buffer for all heads, instead of per head as it
- * is loaded, measured slower on the AMD EPYC this was written on (1.1-1.5x the per-head kernel, a
- * half-cache Gemma 3 head group in L2): the stores and reloads cost more than the conversions saved. */
+ * is loaded, measured slower on the AMD EPYC (AVX-512, 2 cores) this was written on: the K blocks 1.15x,
+ * K and V 1.35x the per-head kernel's time over one Gemma 3 layer's 512-token prompt; the stores and
+ * reloads cost more than the conversions saved. */
 LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
                                         float *scores, ptrdiff_t ss, float *out, int f16) {
@@ -223,7 +238,8 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
     float inv[LC_ATT_GROUP_MAX];
     ptrdiff_t j = first, g;
     for (; j + 8 <= n; j += 8)
-        for (g = 0; g < G; g++) lc_att_scores8(q + g * hd, K, j, hd, scale, scores + g * ss, f16);
+        for (g = 0; g < G; g++)
+            (f16 ? lc_att_scores8_f16 : lc_att_scores8_f32)(q + g * hd, K, j, hd, scale, scores + g * ss);
     for (; j < n; j++)
         for (g = 0; g < G; g++) scores[g * ss + j] = lc_att_dot(q + g * hd, K, j * hd, hd, f16) * scale;
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);

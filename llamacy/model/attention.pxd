@@ -10,9 +10,8 @@ ctypedef struct AttnJob:
     # Set by attend_rows.
     Py_ssize_t window     # this layer's sliding window (0 = none)
     Py_ssize_t group      # query heads per KV head
-    Py_ssize_t heads      # query heads per job item: the group, or a part of it (group % heads == 0)
-    Py_ssize_t items_per_token  # n_head // heads
-    Py_ssize_t n_items    # n * items_per_token
+    Py_ssize_t parts      # job items per KV group of a token (1: the whole group)
+    Py_ssize_t n_items    # n * n_head_kv * parts
 
 
 # Every (token, query head) pair of the micro-batch attends, a KV group at a time, on up to nthreads threads.

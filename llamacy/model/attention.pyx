@@ -46,9 +46,21 @@ cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize
                 lc_prefetch_l2(kv.vl + off + b)
 
 
+cdef inline void _item_heads(const AttnJob* c, Py_ssize_t item, Py_ssize_t* t, Py_ssize_t* h0,
+                             Py_ssize_t* h1) noexcept nogil:
+    """Item -> its token t and query heads h0..h1-1: part k of one KV group (parts of G // parts or one more)."""
+    cdef Py_ssize_t per_token = c.hp.n_head_kv * c.parts, r = item % per_token
+    cdef Py_ssize_t g0 = (r // c.parts) * c.group, k = r % c.parts
+    t[0] = item // per_token
+    h0[0] = g0 + k * c.group // c.parts
+    h1[0] = g0 + (k + 1) * c.group // c.parts
+
+
 cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nogil:
     cdef const KVRows* kv = c.kv
-    cdef Py_ssize_t t = item // c.items_per_token, h = (item % c.items_per_token) * c.heads, p = kv.pos[t], b
+    cdef Py_ssize_t t, h, h1, p, b
+    _item_heads(c, item, &t, &h, &h1)
+    p = kv.pos[t]
     cdef Py_ssize_t first = first_visible(p, c.window)
     cdef Py_ssize_t off = kv_offset(kv, t, h // c.group, first)
     cdef Py_ssize_t nbytes = min(<Py_ssize_t>ATTN_PF_BYTES, (p - first + 1) * kv.head_dim * kv.es)
@@ -58,34 +70,36 @@ cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nog
 
 
 cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
-    """Attention for items begin..end-1 of a micro-batch: each the c.heads query heads from h of token t."""
+    """Attention for items begin..end-1 of a micro-batch: each some query heads of one KV group of a token."""
     cdef AttnJob* c = <AttnJob*> ctx
     cdef const KVRows* kv = c.kv
-    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, item, t, h, p, off
+    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, item, t, h, h1, p, off
     # Each thread's rows: one of n_ctx floats per head of an item (scratch.pyx sizes them for a whole group).
     cdef float* scores = c.s.scores + tid * c.group * c.n_ctx
     for item in range(begin, end):
-        t = item // c.items_per_token
-        h = (item % c.items_per_token) * c.heads
+        _item_heads(c, item, &t, &h, &h1)
         # The next KV group's rows, when the next item starts one: the rest of this group reads these.
-        if (h + c.heads) % c.group == 0 and item + 1 < c.n_items:
+        if h1 % c.group == 0 and item + 1 < c.n_items:
             _prefetch_group(c, item + 1)
         p = kv.pos[t]
         off = kv_offset(kv, t, h // c.group, 0)
         # Softcap 0: no supported architecture caps attention logits (Gemma 2 did; Gemma 3 does not).
         attend_group(c.s.q + (t * NH + h) * HD, kv.kl + off, kv.vl + off, first_visible(p, c.window), p, HD,
-                     c.heads, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.f16)
+                     h1 - h, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.f16)
 
 
 cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthreads) noexcept nogil:
     job.window = window
     job.group = job.hp.n_head // job.hp.n_head_kv
-    # One item per (token, KV group): the group's heads read each cached row once. Too few items to keep
-    # the team busy (decoding one token of a one-group model), and the groups split into halves.
-    job.heads = job.group
-    while job.heads % 2 == 0 and n * (job.hp.n_head // job.heads) < 2 * nthreads:
-        job.heads //= 2
-    job.items_per_token = job.hp.n_head // job.heads
-    job.n_items = n * job.items_per_token
+    # One item per (token, KV group): the group's heads read each cached row once. When that makes too few
+    # items to keep the team busy (decoding one token: Gemma 3 270M has one group, SmolLM2 three), each
+    # group splits into parts, as few as give every thread a share: items for all (a multiple of the
+    # team, parts of equal size) or twice the team.
+    cdef Py_ssize_t groups = n * job.hp.n_head_kv
+    job.parts = 1
+    while job.parts < job.group and groups * job.parts < 2 * nthreads and not (
+            groups * job.parts % nthreads == 0 and job.group % job.parts == 0):
+        job.parts += 1
+    job.n_items = groups * job.parts
     # Chunks of several items: one claim per item would bounce the counter's cache line.
     parallel_for(_attend_task, job, job.n_items, max(1, job.n_items // (8 * nthreads)), nthreads)

@@ -94,8 +94,8 @@ LC_ATT_INLINE void lc_att_scores8(const float *q, const void *K, ptrdiff_t j, pt
 /* lc_att_scores8 for two query heads at once (qa -> sa, qb -> sb): each converted K vector serves both,
  * in two passes of 4 rows (8 accumulators). Every accumulator takes the very fma chain of lc_att_scores8
  * (d ascending) and the same reduction, so the scores are bit for bit its. */
-LC_ATT_INLINE void lc_att_scores8x2(const float *qa, const float *qb, const void *K, ptrdiff_t j, ptrdiff_t hd,
-                                    float scale, float *sa, float *sb, int f16) {
+LC_ATT_INLINE void lc_att_scores8x2(const float *qa, const float *qb, const void *K, ptrdiff_t j,
+                                    ptrdiff_t hd, float scale, float *sa, float *sb, int f16) {
     __m256 ra[8], rb[8];
     for (int p = 0; p < 8; p += 4) {
         const ptrdiff_t k = (j + p) * hd;
@@ -126,8 +126,8 @@ LC_ATT_INLINE void lc_att_scores8x2(const float *qa, const float *qb, const void
  * zero when init, else continuing the sums stored there. Per column the fma chain runs over r ascending,
  * so walking the rows in blocks, with the sums parked in memory between blocks (exact), gives the very
  * sums of one walk over all rows. */
-LC_ATT_INLINE void lc_att_values_acc(const float *w, const void *V, ptrdiff_t row0, ptrdiff_t nr, ptrdiff_t hd,
-                                     ptrdiff_t d0, float *acc, int init, int f16) {
+LC_ATT_INLINE void lc_att_values_acc(const float *w, const void *V, ptrdiff_t row0, ptrdiff_t nr,
+                                     ptrdiff_t hd, ptrdiff_t d0, float *acc, int init, int f16) {
     if (hd - d0 >= 64) {
         float *o = acc + d0;
         __m256 a0, a1, a2, a3, a4, a5, a6, a7;
@@ -172,7 +172,8 @@ LC_ATT_INLINE void lc_att_values_acc(const float *w, const void *V, ptrdiff_t ro
  * converted V vector serves both, 32 columns (8 accumulators) at a time. Per column the same fma chain
  * (r ascending, from zero or the parked sum), so the sums are bit for bit lc_att_values_acc's. */
 LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const void *V, ptrdiff_t row0,
-                                      ptrdiff_t nr, ptrdiff_t hd, float *acca, float *accb, int init, int f16) {
+                                      ptrdiff_t nr, ptrdiff_t hd, float *acca, float *accb, int init,
+                                      int f16) {
     ptrdiff_t d0 = 0;
     for (; d0 + 32 <= hd; d0 += 32) {
         float *oa = acca + d0, *ob = accb + d0;
@@ -220,7 +221,8 @@ LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const vo
 /* out[0..hd) *= inv: the weighted sums become the softmax average. */
 LC_ATT_INLINE void lc_att_scale(float *out, ptrdiff_t hd, float inv) {
     const __m256 iv = _mm256_set1_ps(inv);
-    for (ptrdiff_t d = 0; d < hd; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), iv));
+    for (ptrdiff_t d = 0; d < hd; d += 8)
+        _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), iv));
 }
 #endif
 
@@ -293,12 +295,12 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
  * its 8 row pointers no longer fit the registers beside theirs, and reloading them from the stack every
  * step cost more than the call (Gemma 3 prefill attention was 6% slower than head by head). */
 #if LC_ATT_SIMD
-static __attribute__((noinline)) void lc_att_scores8_f32(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd,
-                                                         float scale, float *scores) {
+static __attribute__((noinline)) void lc_att_scores8_f32(const float *q, const void *K, ptrdiff_t j,
+                                                         ptrdiff_t hd, float scale, float *scores) {
     lc_att_scores8(q, K, j, hd, scale, scores, 0);
 }
-static __attribute__((noinline)) void lc_att_scores8_f16(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd,
-                                                         float scale, float *scores) {
+static __attribute__((noinline)) void lc_att_scores8_f16(const float *q, const void *K, ptrdiff_t j,
+                                                         ptrdiff_t hd, float scale, float *scores) {
     lc_att_scores8(q, K, j, hd, scale, scores, 1);
 }
 static __attribute__((noinline)) void lc_att_scores8x2_f32(const float *qa, const float *qb, const void *K,
@@ -342,7 +344,8 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
         for (g = 0; g + 2 <= G; g += 2)
             (f16 ? lc_att_scores8x2_f16 : lc_att_scores8x2_f32)(q + g * hd, q + (g + 1) * hd, K, j, hd, scale,
                                                                scores + g * ss, scores + (g + 1) * ss);
-        if (g < G) (f16 ? lc_att_scores8_f16 : lc_att_scores8_f32)(q + g * hd, K, j, hd, scale, scores + g * ss);
+        if (g < G)
+            (f16 ? lc_att_scores8_f16 : lc_att_scores8_f32)(q + g * hd, K, j, hd, scale, scores + g * ss);
     }
     for (; j < n; j++)
         for (g = 0; g < G; g++) scores[g * ss + j] = lc_att_dot(q + g * hd, K, j * hd, hd, f16) * scale;
@@ -380,8 +383,8 @@ LC_ATT_INLINE void lc_attend_group_impl(const float *q, const void *K, const voi
 }
 
 static void lc_attend_group(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,
-                            ptrdiff_t hd, ptrdiff_t G, float scale, float softcap, float *scores, ptrdiff_t ss,
-                            float *out) {
+                            ptrdiff_t hd, ptrdiff_t G, float scale, float softcap, float *scores,
+                            ptrdiff_t ss, float *out) {
     lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, 0);
 }
 

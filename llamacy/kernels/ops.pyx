@@ -23,8 +23,8 @@ cdef extern from "attention.h" nogil:
                              Py_ssize_t last, Py_ssize_t hd, Py_ssize_t G, float scale, float softcap,
                              float* scores, Py_ssize_t ss, float* out)
     void lc_attend_group(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
-                         Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores, Py_ssize_t ss,
-                         float* out)
+                         Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores,
+                         Py_ssize_t ss, float* out)
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:

@@ -48,7 +48,7 @@ cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize
 
 cdef inline void _item_heads(const AttnJob* c, Py_ssize_t item, Py_ssize_t* t, Py_ssize_t* h0,
                              Py_ssize_t* h1) noexcept nogil:
-    """Item -> its token t and query heads h0..h1-1: part k of one KV group (parts of G // parts or one more)."""
+    """Item -> token t and query heads h0..h1-1: part k of one KV group (G // parts heads, or one more)."""
     cdef Py_ssize_t per_token = c.hp.n_head_kv * c.parts, r = item % per_token
     cdef Py_ssize_t g0 = (r // c.parts) * c.group, k = r % c.parts
     t[0] = item // per_token
@@ -78,7 +78,7 @@ cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
     cdef float* scores = c.s.scores + tid * c.group * c.n_ctx
     for item in range(begin, end):
         _item_heads(c, item, &t, &h, &h1)
-        # The next KV group's rows, when the next item starts one: the rest of this group reads these.
+        # Starting the last part of a KV group: request the next group's rows (the next item's).
         if h1 % c.group == 0 and item + 1 < c.n_items:
             _prefetch_group(c, item + 1)
         p = kv.pos[t]

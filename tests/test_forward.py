@@ -139,6 +139,22 @@ def test_threads_do_not_change_results(tiny_model):
     np.testing.assert_array_equal(one, two)
 
 
+@pytest.mark.parametrize(
+    ("arch", "heads"), [("llama", {"n_head": 9, "n_head_kv": 3}), ("gemma3", {"n_head": 4, "n_head_kv": 1})]
+)
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_attention_items_cover_every_head_at_any_team_size(tiny_model, arch, heads, kv_type):
+    """One-token steps split each KV group's query heads into parts for the thread team (unequal parts for
+    3 heads a group); whatever the split, every head attends once, with the same bits."""
+    path = tiny_model(arch, QT.F32, **heads)
+    ids = _ids(300, 12)
+    logits = [Llama(path, n_threads=t, n_batch=1, kv_type=kv_type).logits(ids) for t in (1, 2, 3, 4)]
+    for other in logits[1:]:
+        np.testing.assert_array_equal(logits[0], other)
+    ref = reference_logits(path, ids, kv_type)
+    np.testing.assert_allclose(logits[0], ref, atol=1e-4 if kv_type == "f32" else F16_KV_ATOL, rtol=0)
+
+
 def test_sequences_batched_together_equal_each_alone(tiny_model):
     """Two sequences decoded in one batch (as the server does) give what each gives alone."""
     from llamacy.gguf import GGUFFile

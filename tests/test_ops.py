@@ -90,3 +90,52 @@ def test_attention_rejects_bad_range():
     K = np.zeros((4, 8), np.float32)
     with pytest.raises(ValueError):
         testing.py_attend(np.zeros(8, np.float32), K, K, 0, 4, 1.0)
+
+
+# The grouped kernel (each cached row read once for a KV group's query heads) against the one-head kernel,
+# head by head: the outputs must be the same bits. head_dim 64 and 256 take the 64-column register path,
+# 72 one 64-column pass and then the one-vector path, 12 the plain loops. The ranges leave 0..7 positions
+# after the blocks of 8, and windows start past 0; 37 cached positions make each head's scores row odd-sized.
+@pytest.mark.parametrize("kv", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("head_dim", [64, 72, 256, 12])
+@pytest.mark.parametrize("heads", [1, 3, 4])
+@pytest.mark.parametrize(
+    ("first", "last"),
+    [(0, 15), (0, 0), (5, 13), (1, 18), (3, 9), (0, 35), (7, 10), (2, 36), (11, 29), (4, 8), (3, 24)],
+)
+def test_grouped_attention_is_bitwise_the_one_head_kernel(kv, softcap, head_dim, heads, first, last):
+    rng = np.random.default_rng(7)
+    K = (rng.standard_normal((37, head_dim)) * 2).astype(kv)
+    V = rng.standard_normal((37, head_dim)).astype(kv)
+    q = rng.standard_normal((heads, head_dim)).astype(np.float32)
+    scale = 1.0 / np.sqrt(head_dim)
+    got = testing.py_attend_group(q, K, V, first, last, scale, softcap)
+    want = np.stack([testing.py_attend(q[h], K, V, first, last, scale, softcap) for h in range(heads)])
+    assert np.array_equal(got, want)
+
+
+def test_grouped_attention_over_many_heads_and_positions():
+    # More heads than one pass of the kernel takes (16), and more V rows than one block (16 KB of rows:
+    # 128 half rows of 64 values), with the one-vector column path (72) too.
+    rng = np.random.default_rng(8)
+    for kv in (np.float32, np.float16):
+        for head_dim in (64, 72):
+            K = rng.standard_normal((300, head_dim)).astype(kv)
+            V = rng.standard_normal((300, head_dim)).astype(kv)
+            q = rng.standard_normal((18, head_dim)).astype(np.float32)
+            got = testing.py_attend_group(q, K, V, 21, 298, 0.125)
+            want = np.stack([testing.py_attend(q[h], K, V, 21, 298, 0.125) for h in range(18)])
+            assert np.array_equal(got, want)
+
+
+def test_grouped_attention_rejects_bad_shapes():
+    K = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="range"):
+        testing.py_attend_group(np.zeros((2, 8), np.float32), K, K, 0, 4, 1.0)
+    with pytest.raises(ValueError, match="head_dim"):
+        testing.py_attend_group(np.zeros((2, 4), np.float32), K, K, 0, 3, 1.0)
+    with pytest.raises(ValueError, match="heads"):
+        testing.py_attend_group(np.zeros((0, 8), np.float32), K, K, 0, 3, 1.0)
+    with pytest.raises(ValueError, match="shape"):
+        testing.py_attend_group(np.zeros((1, 8), np.float32), K, K[:3], 0, 2, 1.0)

@@ -19,4 +19,7 @@ cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
 cdef void attend(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                  Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out,
                  bint kv_f16) noexcept nogil
+cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
+                       Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
+                       Py_ssize_t scores_stride, float* out, bint kv_f16) noexcept nogil
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) noexcept nogil

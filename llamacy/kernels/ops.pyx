@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Element-wise operations and single-head attention for the layer loop.
+"""Element-wise operations and attention (one query head, or a KV group's heads) for the layer loop.
 
 Plain loops that GCC vectorises: this module alone is built with -ffast-math (setup.py), which lets it
 reassociate the reductions and call glibc's vector expf/tanhf. The reductions also keep eight
@@ -19,6 +19,12 @@ cdef extern from "attention.h" nogil:
                        Py_ssize_t hd, float scale, float softcap, float* scores, float* out)
     void lc_attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
                    Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out)
+    void lc_attend_group_f16(const float* q, const uint16_t* K, const uint16_t* V, Py_ssize_t first,
+                             Py_ssize_t last, Py_ssize_t hd, Py_ssize_t G, float scale, float softcap,
+                             float* scores, Py_ssize_t ss, float* out)
+    void lc_attend_group(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
+                         Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores,
+                         Py_ssize_t ss, float* out)
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -126,6 +132,22 @@ cdef void attend(const float* q, const void* K, const void* V, Py_ssize_t first,
                       out)
     else:
         lc_attend(q, <const float*>K, <const float*>V, first, last, head_dim, scale, softcap, scores, out)
+
+
+cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
+                       Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
+                       Py_ssize_t scores_stride, float* out, bint kv_f16) noexcept nogil:
+    """n_heads query heads sharing one KV head, each cached row read once for all of them (see attention.h).
+
+    q and out: n_heads rows of head_dim floats; head h's output is bit for bit attend's for q + h * head_dim.
+    scores: n_heads rows of scores_stride >= last+1 floats. K, V as for attend.
+    """
+    if kv_f16:
+        lc_attend_group_f16(q, <const uint16_t*>K, <const uint16_t*>V, first, last, head_dim, n_heads, scale,
+                            softcap, scores, scores_stride, out)
+    else:
+        lc_attend_group(q, <const float*>K, <const float*>V, first, last, head_dim, n_heads, scale, softcap,
+                        scores, scores_stride, out)
 
 
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) noexcept nogil:

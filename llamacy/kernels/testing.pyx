@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from llamacy.kernels.matmul cimport matmul_impl
-from llamacy.kernels.ops cimport attend, rmsnorm, rope, rope_table, store_kv_row
+from llamacy.kernels.ops cimport attend, attend_group, rmsnorm, rope, rope_table, store_kv_row
 from llamacy.kernels.parallel cimport parallel_for
 
 from llamacy.kernels.matmul import operands
@@ -104,23 +104,54 @@ def py_rope(float[:, ::1] x, Py_ssize_t n_rot, float pos, float base, int mode):
     rope(&x[0, 0], x.shape[0], x.shape[1], n_rot, &c[0], mode)
 
 
-def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
-    """K, V: [positions, head_dim] float32, or float16 (a half-precision cache)."""
+def _attn_cache(K, V):
+    """K, V as contiguous 2-D arrays of one cache type, and whether it is half precision."""
     K = np.ascontiguousarray(K)
     V = np.ascontiguousarray(V)
     if K.dtype != V.dtype or K.dtype not in (np.float32, np.float16) or K.ndim != 2 or V.ndim != 2:
         raise ValueError("K and V must be 2-D, both float32 or both float16")
-    if not (0 <= first <= last < K.shape[0]) or K.shape[0] != V.shape[0]:
+    if K.shape != V.shape or K.shape[1] == 0:
+        raise ValueError("K and V must have the same non-empty shape")
+    return K, V, K.dtype == np.float16
+
+
+def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
+    """K, V: [positions, head_dim] float32, or float16 (a half-precision cache)."""
+    K, V, kv_f16 = _attn_cache(K, V)
+    if not (0 <= first <= last < K.shape[0]):
         raise ValueError("bad attention range")
-    if q.shape[0] != K.shape[1] or K.shape[1] != V.shape[1]:
+    if q.shape[0] != K.shape[1]:
         raise ValueError("head_dim mismatch")
-    cdef bint f16 = K.dtype == np.float16
+    cdef bint f16 = kv_f16
     cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
     cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
     scores = np.empty(K.shape[0], dtype=np.float32)
     out = np.empty(K.shape[1], dtype=np.float32)
     cdef float[::1] s = scores, o = out
     attend(&q[0], &kb[0], &vb[0], first, last, K.shape[1], scale, softcap, &s[0], &o[0], f16)
+    return out
+
+
+def py_attend_group(float[:, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
+    """q: [heads, head_dim], the query heads of one KV group; K, V as for py_attend.
+
+    Returns [heads, head_dim]: each row what py_attend gives for that head, bit for bit.
+    """
+    K, V, kv_f16 = _attn_cache(K, V)
+    if not (0 <= first <= last < K.shape[0]):
+        raise ValueError("bad attention range")
+    if q.shape[0] == 0 or q.shape[1] != K.shape[1]:
+        raise ValueError("q must be [heads >= 1, head_dim]")
+    cdef bint f16 = kv_f16
+    cdef Py_ssize_t ss = K.shape[0]  # each head's scores row: one float per cached position
+    cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
+    cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
+    scores = np.empty(q.shape[0] * ss, dtype=np.float32)
+    out = np.empty((q.shape[0], K.shape[1]), dtype=np.float32)
+    cdef float[::1] s = scores
+    cdef float[:, ::1] o = out
+    attend_group(&q[0, 0], &kb[0], &vb[0], first, last, K.shape[1], q.shape[0], scale, softcap, &s[0], ss,
+                 &o[0, 0], f16)
     return out
 
 

@@ -1,10 +1,10 @@
 # cython: language_level=3
-"""Attention of a micro-batch over the KV cache: one job item per (token, query head), with the prefetches
+"""Attention of a micro-batch over the KV cache: one job item per (token, KV group), with the prefetches
 that keep it from waiting on memory."""
 
 from libc.stdint cimport int64_t
 
-from llamacy.kernels.ops cimport attend
+from llamacy.kernels.ops cimport attend_group
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.simd cimport lc_prefetch, lc_prefetch_l2
 from llamacy.model.layout cimport KVRows, first_visible, kv_offset
@@ -19,10 +19,10 @@ cdef enum:
     KV_WARM_BYTES = 786432  # at most this much per layer: L2 is 1 MB on the machines we measure
 
 # The cached rows one KV group reads (its first ATTN_PF_BYTES of K and of V) are requested into L1 while
-# the group before it computes: the q heads of a group run back to back on the same rows, so a group's
-# compute is about as long as fetching the next group's rows (5 KB each of K and V at 40 positions, f16).
-# Without it decode attention waited on memory: 8 sequences at 40 positions, 2.1 ms a step where the
-# arithmetic takes 0.4. Longer rows stream on with the hardware prefetchers.
+# the group before it computes: a group's q heads (one item, or its parts back to back) share the rows,
+# so a group's compute is about as long as fetching the next group's rows (5 KB each of K and V at 40
+# positions, f16). Without it decode attention waited on memory: 8 sequences at 40 positions, 2.1 ms a
+# step where the arithmetic takes 0.4. Longer rows stream on with the hardware prefetchers.
 cdef enum:
     ATTN_PF_BYTES = 8192
 
@@ -46,9 +46,21 @@ cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize
                 lc_prefetch_l2(kv.vl + off + b)
 
 
+cdef inline void _item_heads(const AttnJob* c, Py_ssize_t item, Py_ssize_t* t, Py_ssize_t* h0,
+                             Py_ssize_t* h1) noexcept nogil:
+    """Item -> token t and query heads h0..h1-1: part k of one KV group (G // parts heads, or one more)."""
+    cdef Py_ssize_t per_token = c.hp.n_head_kv * c.parts, r = item % per_token
+    cdef Py_ssize_t g0 = (r // c.parts) * c.group, k = r % c.parts
+    t[0] = item // per_token
+    h0[0] = g0 + k * c.group // c.parts
+    h1[0] = g0 + (k + 1) * c.group // c.parts
+
+
 cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nogil:
     cdef const KVRows* kv = c.kv
-    cdef Py_ssize_t NH = c.hp.n_head, t = item // NH, h = item % NH, p = kv.pos[t], b
+    cdef Py_ssize_t t, h, h1, p, b
+    _item_heads(c, item, &t, &h, &h1)
+    p = kv.pos[t]
     cdef Py_ssize_t first = first_visible(p, c.window)
     cdef Py_ssize_t off = kv_offset(kv, t, h // c.group, first)
     cdef Py_ssize_t nbytes = min(<Py_ssize_t>ATTN_PF_BYTES, (p - first + 1) * kv.head_dim * kv.es)
@@ -58,28 +70,36 @@ cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nog
 
 
 cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
-    """Attention for (token, head) items begin..end-1 of a micro-batch."""
+    """Attention for items begin..end-1 of a micro-batch: each some query heads of one KV group of a token."""
     cdef AttnJob* c = <AttnJob*> ctx
     cdef const KVRows* kv = c.kv
-    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, item, t, h, p, off
-    cdef float* scores = c.s.scores + tid * c.n_ctx
-    cdef float* q
+    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, item, t, h, h1, p, off
+    # Each thread's rows: one of n_ctx floats per head of an item (scratch.pyx sizes them for a whole group).
+    cdef float* scores = c.s.scores + tid * c.group * c.n_ctx
     for item in range(begin, end):
-        t = item // NH
-        h = item % NH
-        if h % c.group == 0 and item + c.group < c.n_items:
-            _prefetch_group(c, item + c.group)
+        _item_heads(c, item, &t, &h, &h1)
+        # Starting the last part of a KV group: request the next group's rows (the next item's).
+        if h1 % c.group == 0 and item + 1 < c.n_items:
+            _prefetch_group(c, item + 1)
         p = kv.pos[t]
         off = kv_offset(kv, t, h // c.group, 0)
-        q = c.s.q + t * NH * HD + h * HD
         # Softcap 0: no supported architecture caps attention logits (Gemma 2 did; Gemma 3 does not).
-        attend(q, kv.kl + off, kv.vl + off, first_visible(p, c.window), p, HD, c.hp.attn_scale, 0.0, scores,
-               c.s.att + t * NH * HD + h * HD, kv.f16)
+        attend_group(c.s.q + (t * NH + h) * HD, kv.kl + off, kv.vl + off, first_visible(p, c.window), p, HD,
+                     h1 - h, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.f16)
 
 
 cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthreads) noexcept nogil:
     job.window = window
     job.group = job.hp.n_head // job.hp.n_head_kv
-    job.n_items = n * job.hp.n_head
+    # One item per (token, KV group): the group's heads read each cached row once. When that makes too few
+    # items to keep the team busy (decoding one token: Gemma 3 270M has one group, SmolLM2 three), each
+    # group splits into parts, as few as give every thread a share: items for all (a multiple of the
+    # team, parts of equal size) or twice the team.
+    cdef Py_ssize_t groups = n * job.hp.n_head_kv
+    job.parts = 1
+    while job.parts < job.group and groups * job.parts < 2 * nthreads and not (
+            groups * job.parts % nthreads == 0 and job.group % job.parts == 0):
+        job.parts += 1
+    job.n_items = groups * job.parts
     # Chunks of several items: one claim per item would bounce the counter's cache line.
     parallel_for(_attend_task, job, job.n_items, max(1, job.n_items // (8 * nthreads)), nthreads)

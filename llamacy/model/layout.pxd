@@ -70,7 +70,7 @@ ctypedef struct Scratch:
     float* g        # [n, n_ff]
     float* u        # [n, n_ff]
     float* cs       # RoPE cos/sin per token [n, n_rot]
-    float* scores   # per thread [n_threads_max, n_ctx]
+    float* scores   # per thread [n_threads_max, group, n_ctx]: one row per query head of a KV group
     uint8_t* aq     # quantized activations [n, max act row bytes]
 
 # Where a micro-batch's tokens read and write one layer's KV cache: the K/V rows job writes through it and

@@ -31,7 +31,8 @@ cdef class ScratchSpace:
         self.s.g = self._floats(n * n_ff)
         self.s.u = self._floats(n * n_ff)
         self.s.cs = self._floats(n * max(n_rot, 2))
-        self.s.scores = self._floats(self.threads_max * n_ctx_max)
+        # Per thread, a row of n_ctx scores for each query head of a KV group (attention.pyx's job items).
+        self.s.scores = self._floats(self.threads_max * max(1, n_head // max(1, n_head_kv)) * n_ctx_max)
         aq = np.zeros(n * aq_row + 64, np.uint8)
         self._arrays.append(aq)
         cdef uint8_t[::1] b = aq

@@ -14,51 +14,24 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_server import measure  # noqa: E402
+from benchmarks.bench_server import free_port, measure, stop, wait_healthy  # noqa: E402
 from tests.ray_cluster import LocalRayCluster  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(cmd: list[str], env: dict | None, url: str, timeout: float = 300) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # never block on a full pipe
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            sys.exit(f"the server did not start: {' '.join(cmd)}")
-        time.sleep(0.5)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    wait_healthy(proc, cmd, url, timeout)
+    return proc
 
 
 def _rounds(url: str, args: argparse.Namespace) -> list[float]:
@@ -76,23 +49,23 @@ def main() -> None:
     args = ap.parse_args()
     serve = [sys.executable, "-m", "llamacy", "serve", "-m", args.model, "-c", str(args.ctx_size)]
 
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start([*serve, "--port", str(port), "-t", "2", "--parallel", str(args.clients)], None, url)
     try:
         local = _rounds(url, args)
     finally:
-        _stop(proc)
+        stop(proc, signal.SIGTERM, 60)
 
     with LocalRayCluster(num_cpus=2) as cluster:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         cmd = [*serve, "--port", str(port), "--ray", cluster.address, "--replicas", "2", "-t", "1"]
         proc = _start([*cmd, "--parallel", str(max(1, args.clients // 2))], cluster.env, url)
         try:
             remote = _rounds(url, args)
         finally:
-            _stop(proc)
+            stop(proc, signal.SIGTERM, 60)
 
     med_local, med_remote = statistics.median(local), statistics.median(remote)
     print(

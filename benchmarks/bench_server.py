@@ -218,24 +218,33 @@ def start_reference_server(args: argparse.Namespace, binary: str) -> tuple[subpr
     )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"the reference server exited with code {proc.returncode}: {' '.join(cmd)}")
+    wait_healthy(proc, cmd, url, timeout=120)
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen, cmd: list[str], url: str, timeout: float) -> None:
+    """Return once GET url/health answers 200; kill proc and exit with one line if it ends first or
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(
+                f"the server did not start within {timeout:.0f} s (exit code {proc.poll()}): {' '.join(cmd)}"
+            )
         time.sleep(0.2)
-    proc.kill()
-    sys.exit("the reference server did not become ready in 120 s")
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 20) -> None:
+    """Ask proc to shut down with sig; kill it if it has not within `timeout` seconds."""
+    proc.send_signal(sig)
     try:
-        proc.wait(20)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
 

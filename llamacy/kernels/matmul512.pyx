@@ -38,7 +38,7 @@
 # legacy types with n_tok == 1. K-quant decode (a row's super-block unpacking dominates it, and in a whole
 # model it streams from memory) and the float types stay on the AVX2 kernels (mm512 returns 0), as does a
 # call whose repack buffer cannot be allocated.
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint32_t
+from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *

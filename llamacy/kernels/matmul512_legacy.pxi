@@ -230,12 +230,6 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lsource* src, cons
                 out[t * ldo + r] = hsum8(acc[r][t])
 
 
-cdef inline int64_t load_u64(const uint8_t* p) noexcept nogil:
-    cdef int64_t v
-    memcpy(&v, p, 8)
-    return v
-
-
 # One decode tile: R rows (from the weights as stored) x 1 token. The scales as in mm_avx2.pyx's decode:
 # [d, m] converted by F16C and multiplied by [d_x, s] (each lane the same single product as there), but for
 # all R rows of the tile at once: one 8-lane conversion and multiply per block instead of R 4-lane ones, and
@@ -265,10 +259,9 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
             lc_prefetch(pf + b * pfstep + k)
         yb = y + b
         qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
-        u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_x, s, 0, 0]
         seed = token_seed(w, qy)
         if rshape is row4:
-            # [d0 d_x, m0 s, d1 d_x, m1 s, ...]
+            # [d0 d_x, m0 s, d1 d_x, m1 s, ...]: the token's [d_x, s] (8 bytes) in every pair of lanes
             v8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi32(
                 <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),
                 <int>load_u32(<const uint8_t*>(w + nb + b)), <int>load_u32(<const uint8_t*>(w + b)))),
@@ -280,6 +273,7 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
                                          _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(w + r * nb + b), qy)),
                                          acc[r])
         else:
+            u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_x, s, 0, 0]
             for r in range(RR):
                 wb = w + r * nb + b
                 v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)

@@ -7,7 +7,7 @@
 # A vector local must live in a cdef function, never directly in a prange body (Cython would initialise
 # it there with an integer).
 
-from libc.stdint cimport uint8_t, uint32_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
 
 
@@ -157,6 +157,12 @@ cdef inline float bf16_to_f32(unsigned short h) noexcept nogil:
 cdef inline uint32_t load_u32(const uint8_t* p) noexcept nogil:
     cdef uint32_t v
     memcpy(&v, p, 4)
+    return v
+
+
+cdef inline int64_t load_u64(const uint8_t* p) noexcept nogil:
+    cdef int64_t v
+    memcpy(&v, p, 8)
     return v
 
 

@@ -1,4 +1,4 @@
-/* Query heads attending over cached positions first..last of one KV head (ops.pyx's attend, attend_group).
+/* Query heads attending over cached positions first..last of one KV head (ops.pyx's attend_group).
  *
  * The plain loops it replaced made one dot product per position, each ending in its own horizontal sum,
  * and accumulated the output through memory. Here, with AVX2:
@@ -12,7 +12,7 @@
  *
  * The cached rows are float32 or IEEE half (the KV cache's type, `f16`): halves are widened as they are
  * loaded (F16C), so a half cache reads half the bytes for the same arithmetic. The kernel is written once,
- * with `f16` a constant that the two entry points fix (lc_attend, lc_attend_f16).
+ * with `f16` a constant that the two entry points fix (lc_attend_group, lc_attend_group_f16).
  *
  * With grouped-query attention the query heads of a KV group read the same rows: lc_attend_group runs
  * them together (one read of each row for the group), with every head's output bit for bit the one-head
@@ -392,17 +392,6 @@ static void lc_attend_group_f16(const float *q, const uint16_t *K, const uint16_
                                 ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
                                 float *scores, ptrdiff_t ss, float *out) {
     lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, 1);
-}
-
-static void lc_attend(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,
-                      ptrdiff_t hd, float scale, float softcap, float *scores, float *out) {
-    lc_attend_impl(q, K, V, first, last, hd, scale, softcap, scores, out, 0);
-}
-
-/* The same over a half-precision cache (K, V: rows of hd IEEE halves). */
-static void lc_attend_f16(const float *q, const uint16_t *K, const uint16_t *V, ptrdiff_t first,
-                          ptrdiff_t last, ptrdiff_t hd, float scale, float softcap, float *scores, float *out) {
-    lc_attend_impl(q, K, V, first, last, hd, scale, softcap, scores, out, 1);
 }
 
 #endif

@@ -16,9 +16,6 @@ cdef void gelu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil
 cdef void add_inplace(float* x, const float* y, Py_ssize_t n) noexcept nogil
 cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
-cdef void attend(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
-                 Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out,
-                 bint kv_f16) noexcept nogil
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
                        Py_ssize_t scores_stride, float* out, bint kv_f16) noexcept nogil

@@ -15,10 +15,6 @@ from llamacy.kernels.simd cimport _cvtss_sh
 
 cdef extern from "attention.h" nogil:
     float lc_dot_f32(const float* a, const float* b, Py_ssize_t n)
-    void lc_attend_f16(const float* q, const uint16_t* K, const uint16_t* V, Py_ssize_t first, Py_ssize_t last,
-                       Py_ssize_t hd, float scale, float softcap, float* scores, float* out)
-    void lc_attend(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
-                   Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out)
     void lc_attend_group_f16(const float* q, const uint16_t* K, const uint16_t* V, Py_ssize_t first,
                              Py_ssize_t last, Py_ssize_t hd, Py_ssize_t G, float scale, float softcap,
                              float* scores, Py_ssize_t ss, float* out)
@@ -119,28 +115,15 @@ cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil:
         x[i] *= s
 
 
-cdef void attend(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
-                 Py_ssize_t head_dim, float scale, float softcap, float* scores, float* out,
-                 bint kv_f16) noexcept nogil:
-    """One query head over cached positions first..last (inclusive) of one KV head (see attention.h).
-
-    K and V point at position 0 of that head's cache, rows of head_dim floats (or IEEE halves, kv_f16).
-    scores needs last+1 floats.
-    """
-    if kv_f16:
-        lc_attend_f16(q, <const uint16_t*>K, <const uint16_t*>V, first, last, head_dim, scale, softcap, scores,
-                      out)
-    else:
-        lc_attend(q, <const float*>K, <const float*>V, first, last, head_dim, scale, softcap, scores, out)
-
-
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
                        Py_ssize_t scores_stride, float* out, bint kv_f16) noexcept nogil:
-    """n_heads query heads sharing one KV head, each cached row read once for all of them (see attention.h).
+    """n_heads query heads over cached positions first..last (inclusive) of the one KV head they share, each
+    cached row read once for all of them (see attention.h).
 
-    q and out: n_heads rows of head_dim floats; head h's output is bit for bit attend's for q + h * head_dim.
-    scores: n_heads rows of scores_stride >= last+1 floats. K, V as for attend.
+    K and V point at position 0 of that head's cache, rows of head_dim floats (or IEEE halves, kv_f16).
+    q and out: n_heads rows of head_dim floats; head h's output is bit for bit what the one-head kernel
+    (n_heads == 1) gives for q + h * head_dim. scores: n_heads rows of scores_stride >= last+1 floats.
     """
     if kv_f16:
         lc_attend_group_f16(q, <const uint16_t*>K, <const uint16_t*>V, first, last, head_dim, n_heads, scale,

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from llamacy.kernels.matmul cimport matmul_impl
-from llamacy.kernels.ops cimport attend, attend_group, rmsnorm, rope, rope_table, store_kv_row
+from llamacy.kernels.ops cimport attend_group, rmsnorm, rope, rope_table, store_kv_row
 from llamacy.kernels.parallel cimport parallel_for
 
 from llamacy.kernels.matmul import operands
@@ -128,7 +128,8 @@ def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale
     scores = np.empty(K.shape[0], dtype=np.float32)
     out = np.empty(K.shape[1], dtype=np.float32)
     cdef float[::1] s = scores, o = out
-    attend(&q[0], &kb[0], &vb[0], first, last, K.shape[1], scale, softcap, &s[0], &o[0], f16)
+    attend_group(&q[0], &kb[0], &vb[0], first, last, K.shape[1], 1, scale, softcap, &s[0], K.shape[0], &o[0],
+                 f16)
     return out
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from llamacy.generation import SequenceState, TokenLogprob
 from llamacy.generation.speculate import NgramDrafter
-from llamacy.model.kv_cache import KVCache
+from llamacy.model.memory import Memory
 from llamacy.scheduler.requests import Handle
 
 
@@ -80,7 +80,7 @@ class StepPlan:
             np.asarray(self.rows, np.int32),
         )
 
-    def record(self, kv: KVCache) -> None:
+    def record(self, kv: Memory) -> None:
         """After the batch was evaluated: the cache holds its tokens, the prompts have advanced."""
         for s in self.decoding:
             kv.append(s.slot, [s.next_token, *s.next_forced, *s.draft])  # type: ignore[list-item]
@@ -89,7 +89,7 @@ class StepPlan:
             s.n_prompt_done += len(chunk)
 
 
-def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_chunk: int) -> StepPlan:
+def plan_step(active: Iterable[Running], kv: Memory, prefill_chunk: int, solo_chunk: int) -> StepPlan:
     """A token for every decoding sequence, then prompt chunks, oldest request first."""
     plan = StepPlan()
     active = list(active)

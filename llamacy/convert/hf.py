@@ -75,6 +75,8 @@ class HFSource(Source):
         self.n_ff_exp = c.positive(ex.width_key) if ex else 0
         if ex and not 1 <= c.positive("num_experts_per_tok") <= self.n_expert:
             raise UsageError(f"{c.path}: num_experts_per_tok must be 1..{self.n_expert}")
+        # The per-layer names: the spec's, plus those its config switches on (biases, …).
+        self.layer_map = {**self.spec.layer_map, **self.spec.optional_layers(c)}
         self.facts = ModelFacts(self.spec.arch, c.n_layer, c.n_head, c.n_head_kv, self.n_expert)
         self.checkpoint = Checkpoint(directory)
         try:
@@ -93,13 +95,13 @@ class HFSource(Source):
         if hf_name in self.spec.global_map:
             return self.spec.global_map[hf_name]
         m = _LAYER_RE.match(hf_name)
-        if m and m.group(2) in self.spec.layer_map:
+        if m and m.group(2) in self.layer_map:
             layer = int(m.group(1))
             if layer >= self.config.n_layer:
                 raise UsageError(
                     f"{self.path}: tensor {hf_name} is past num_hidden_layers={self.config.n_layer}"
                 )
-            return f"blk.{layer}.{self.spec.layer_map[m.group(2)]}"
+            return f"blk.{layer}.{self.layer_map[m.group(2)]}"
         raise UnsupportedModelError(
             f"{self.path}: tensor {hf_name!r} has no place in a GGUF {self.spec.arch} model"
         )
@@ -112,7 +114,7 @@ class HFSource(Source):
         layer, _, suffix = gguf_name.removeprefix("blk.").partition(".")
         if self.spec.experts and suffix.endswith("_exps.weight"):
             return self.spec.experts.hf_name(int(layer), suffix.removesuffix(".weight"))
-        hf_suffix = next((k for k, v in self.spec.layer_map.items() if v == suffix), suffix)
+        hf_suffix = next((k for k, v in self.layer_map.items() if v == suffix), suffix)
         return f"model.layers.{layer}.{hf_suffix}"
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -141,7 +143,7 @@ class HFSource(Source):
             "ffn_down_exps.weight": (self.n_expert, c.n_embd, self.n_ff_exp),
         }
         per_layer.update(self.spec.shapes(c))
-        suffixes = list(self.spec.layer_map.values())
+        suffixes = list(self.layer_map.values())
         if self.spec.experts:
             suffixes += [f"{stem}.weight" for stem in self.spec.experts.projections.values()]
         # In the order the file gets them: embeddings, layers, head (as llama.cpp's files).
@@ -319,6 +321,7 @@ class HFSource(Source):
         w.add_file_type(file_type)
         w.add_quantization_version(GGML_QUANT_VERSION)
         add_tokenizer(w, self.path, arch, c.n_vocab)
+        self.spec.tokenizer(w, c)
 
     def close(self) -> None:
         self.checkpoint.close()

@@ -106,6 +106,10 @@ def _no_shapes(c: HFConfig) -> dict[str, tuple[int, ...]]:
     return {}
 
 
+def _no_layers(c: HFConfig) -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """How one Hugging Face class converts: the GGUF architecture, the per-layer tensor names, the
@@ -120,13 +124,22 @@ class ArchSpec:
     check: Callable[[HFConfig], None] = _no_check
     experts: ExpertSpec | None = None  # mixture-of-experts layers
     global_map: dict[str, str] = field(default_factory=lambda: dict(GLOBAL))
+    # Per-layer names a checkpoint has only when its config says so (e.g. attention_bias).
+    optional_layers: Callable[[HFConfig], dict[str, str]] = _no_layers
     # GGUF suffix -> shape of the tensors this architecture has beyond the common table (hf.py).
     shapes: Callable[[HFConfig], dict[str, tuple[int, ...]]] = _no_shapes
     metadata: Callable[[GGUFWriter, HFConfig], None] = _no_metadata
+    # Tokenizer keys the architecture's converter sets after the vocabulary (add_space_prefix, pad ids).
+    tokenizer: Callable[[GGUFWriter, HFConfig], None] = _no_metadata
     context_default: int | None = None  # max_position_embeddings when config.json does not say
     vocab_size_key: bool = False  # llama writes {arch}.vocab_size
     rope_dims: Callable[[HFConfig], int] | None = None  # writes rope.dimension_count
     key_length: bool = False  # always write attention.key_length / value_length
+
+
+def has_key(w: GGUFWriter, key: str) -> bool:
+    """Whether the writer holds `key` already (writing a key twice is an error)."""
+    return any(key in kv for kv in w.kv_data)
 
 
 def check_rope(c: HFConfig, allowed: tuple[str, ...]) -> None:

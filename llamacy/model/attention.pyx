@@ -5,7 +5,7 @@ output product."""
 
 from libc.stdint cimport int64_t
 
-from llamacy.kernels.ops cimport attend_group, rope_table
+from llamacy.kernels.ops cimport add_inplace, attend_group, rope_table
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.simd cimport lc_prefetch, lc_prefetch_l2
 from llamacy.model.layout cimport KVRows, LayerT, Scratch, first_visible, kv_offset, kv_slot
@@ -133,3 +133,6 @@ cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const floa
     attend_rows(aj, L.window, n, nthreads)
     lap(pr, P_ATTN)
     product(pr, &L.wo, s.att, aj.hp.n_head * aj.hp.head_dim, n, s.o, NULL, nthreads, P_MM_O)
+    if L.bo != NULL:
+        for t in range(n):
+            add_inplace(s.o + t * E, L.bo, E)

@@ -33,7 +33,8 @@ VECTORS = {
     "q_norm": _at(&_probe.q_norm), "k_norm": _at(&_probe.k_norm),
     "post_attn_norm": _at(&_probe.post_attn_norm), "ffn_norm": _at(&_probe.ffn_norm),
     "ffn_norm_b": _at(&_probe.ffn_norm_b), "post_ffn_norm": _at(&_probe.post_ffn_norm),
-    "gate_inp_shexp": _at(&_probe.gate_inp_shexp),
+    "gate_inp_shexp": _at(&_probe.gate_inp_shexp), "bo": _at(&_probe.bo), "up_b": _at(&_probe.up_b),
+    "down_b": _at(&_probe.down_b),
 }
 # LayerT's fields set from the layer's recipe rather than from tensors.
 SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale")

@@ -54,6 +54,7 @@ ctypedef struct LayerT:
     WeightT wk
     WeightT wv
     WeightT wo
+    const float* bo          # output-projection bias (NULL: none)
     const float* bq          # NULL when the architecture has no q/k/v biases
     const float* bk
     const float* bv
@@ -65,6 +66,8 @@ ctypedef struct LayerT:
     WeightT gate
     WeightT up
     WeightT down
+    const float* up_b        # feed-forward biases (NULL: none)
+    const float* down_b
     const float* post_ffn_norm
     # Mixture of experts: the router and the stacked experts (rows 0 = none: a dense layer); the shared
     # expert and its gate vector (rows 0 / NULL = none).

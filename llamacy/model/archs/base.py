@@ -65,9 +65,15 @@ def experts(field: str, tensor: T, il: int, n_expert: int, rows: int, cols: int)
 
 
 def attention_tensors(
-    cfg: ModelConfig, il: int, bias: bool = False, qk_norm: bool = False
+    cfg: ModelConfig,
+    il: int,
+    bias: bool = False,
+    qk_norm: bool = False,
+    out_bias: bool = False,
+    optional_bias: bool = False,
 ) -> list[TensorSpec]:
-    """Q/K/V/O projections of an attention mixer (with q/k/v biases, per-head q/k norms)."""
+    """Q/K/V/O projections of an attention mixer (with q/k/v biases, an output bias, per-head q/k norms).
+    optional_bias: the biases are read where the file has them."""
     E, HD = cfg.n_embd, cfg.head_dim
     QW, KVW = cfg.n_head * HD, cfg.kv_width
     specs = [
@@ -78,10 +84,12 @@ def attention_tensors(
     ]
     if bias:
         specs += [
-            vec("bq", T.ATTN_Q, il, QW, suffix="bias"),
-            vec("bk", T.ATTN_K, il, KVW, suffix="bias"),
-            vec("bv", T.ATTN_V, il, KVW, suffix="bias"),
+            vec("bq", T.ATTN_Q, il, QW, optional_bias, suffix="bias"),
+            vec("bk", T.ATTN_K, il, KVW, optional_bias, suffix="bias"),
+            vec("bv", T.ATTN_V, il, KVW, optional_bias, suffix="bias"),
         ]
+    if out_bias:
+        specs.append(vec("bo", T.ATTN_OUT, il, E, optional_bias, suffix="bias"))
     if qk_norm:
         specs += [vec("q_norm", T.ATTN_Q_NORM, il, HD), vec("k_norm", T.ATTN_K_NORM, il, HD)]
     return specs
@@ -104,9 +112,16 @@ def gated_ffn_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
     ]
 
 
-def ungated_ffn_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:
+def ungated_ffn_tensors(cfg: ModelConfig, il: int, optional_bias: bool = False) -> list[TensorSpec]:
+    """up and down; with optional_bias, their biases where the file has them."""
     E, F = cfg.n_embd, cfg.n_ff
-    return [mat("up", T.FFN_UP, il, F, E), mat("down", T.FFN_DOWN, il, E, F)]
+    specs = [mat("up", T.FFN_UP, il, F, E), mat("down", T.FFN_DOWN, il, E, F)]
+    if optional_bias:
+        specs += [
+            vec("up_b", T.FFN_UP, il, F, True, suffix="bias"),
+            vec("down_b", T.FFN_DOWN, il, E, True, suffix="bias"),
+        ]
+    return specs
 
 
 def moe_tensors(cfg: ModelConfig, il: int) -> list[TensorSpec]:

@@ -81,6 +81,8 @@ class Gemma3(Architecture):
             norm_plus_one=True,
             check=_check,
             metadata=_metadata,
+            # as convert_hf_to_gguf's Gemma3Model.set_vocab
+            tokenizer=lambda w, c: w.add_add_space_prefix(False),
             context_default=131072,
             key_length=True,
         )

@@ -3,9 +3,9 @@
 Following llama.cpp's build for LLM_ARCH_NEMOTRON and its converter's NemotronModel:
 - LayerNorm with bias (ggml_norm, then weight and bias) before attention, before the FFN, and at the end.
   Hugging Face's LayerNorm1p multiplies by 1 + w: the converter stores w + 1 for every *norm.weight.
-- Attention without biases, NEOX RoPE over the first rope.dimension_count dimensions of each head
+- Attention (biases on q/k/v/o where the file has them: attention_bias), NEOX RoPE over the first rope.dimension_count dimensions of each head
   (partial_rotary_factor · n_embd / n_head), scale 1/sqrt(head_dim).
-- An ungated MLP: down(relu(up · x)²).
+- An ungated MLP: down(relu(up · x + b_up)²) + b_down (biases where the file has them: mlp_bias).
 - An untied output head.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from gguf import MODEL_TENSOR as T
 from gguf import GGUFWriter
 
-from llamacy.convert.hf_spec import ArchSpec, HFConfig, check_act, check_rope
+from llamacy.convert.hf_spec import ArchSpec, HFConfig, check_act, check_rope, has_key
 from llamacy.errors import UnsupportedModelError
 from llamacy.model.archs.base import (
     Architecture,
@@ -40,8 +40,6 @@ def _rope_dims(c: HFConfig) -> int:
 
 
 def _check(c: HFConfig) -> None:
-    if c.get("attention_bias", False) or c.get("mlp_bias", False):
-        raise UnsupportedModelError(f"{c.path}: nemotron with attention/MLP biases is not supported")
     check_act(c, "hidden_act", "relu2")
     check_rope(c, ("default", "linear"))
     # The converter counts rotary dimensions from n_embd / n_head, Hugging Face from head_dim: where the
@@ -58,6 +56,14 @@ def _metadata(w: GGUFWriter, c: HFConfig) -> None:
     w.add_layer_norm_eps(float(_find(c, _EPS_KEYS, 1e-5)))
 
 
+def _tokenizer(w: GGUFWriter, c: HFConfig) -> None:
+    # NemotronModel.set_vocab: padding and unknown are ids 0 and 1 whatever the special-tokens map says.
+    if not has_key(w, "tokenizer.ggml.padding_token_id"):
+        w.add_pad_token_id(0)
+    if not has_key(w, "tokenizer.ggml.unknown_token_id"):
+        w.add_unk_token_id(1)
+
+
 _LAYERS = {
     "input_layernorm.weight": "attn_norm.weight",
     "input_layernorm.bias": "attn_norm.bias",
@@ -72,8 +78,29 @@ _LAYERS = {
 }
 
 
+def _biases(c: HFConfig) -> dict[str, str]:
+    names = {}
+    if c.get("attention_bias", False):
+        names.update({f"self_attn.{p}_proj.bias": f"attn_{g}.bias" for p, g in
+                      (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))})
+    if c.get("mlp_bias", False):
+        names.update({"mlp.up_proj.bias": "ffn_up.bias", "mlp.down_proj.bias": "ffn_down.bias"})
+    return names
+
+
 def _shapes(c: HFConfig) -> dict[str, tuple[int, ...]]:
-    return {"attn_norm.bias": (c.n_embd,), "ffn_norm.bias": (c.n_embd,), "output_norm.bias": (c.n_embd,)}
+    q, kv = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    return {
+        "attn_norm.bias": (c.n_embd,),
+        "ffn_norm.bias": (c.n_embd,),
+        "output_norm.bias": (c.n_embd,),
+        "attn_output.bias": (c.n_embd,),
+        "ffn_up.bias": (c.n_ff,),
+        "ffn_down.bias": (c.n_embd,),
+        "attn_q.bias": (q,),
+        "attn_k.bias": (kv,),
+        "attn_v.bias": (kv,),
+    }
 
 
 class Nemotron(Architecture):
@@ -94,7 +121,10 @@ class Nemotron(Architecture):
                 "lm_head.weight": "output.weight",
             },
             shapes=_shapes,
+            optional_layers=_biases,
             metadata=_metadata,
+            tokenizer=_tokenizer,
+            vocab_size_key=True,
             rope_dims=_rope_dims,
         )
     }
@@ -110,7 +140,7 @@ class Nemotron(Architecture):
         E = cfg.n_embd
         return [
             *norm_tensors("attn_norm", T.ATTN_NORM, il, E, with_bias=True),
-            *attention_tensors(cfg, il),
+            *attention_tensors(cfg, il, bias=True, out_bias=True, optional_bias=True),
             *norm_tensors("ffn_norm", T.FFN_NORM, il, E, with_bias=True),
-            *ungated_ffn_tensors(cfg, il),
+            *ungated_ffn_tensors(cfg, il, optional_bias=True),
         ]

@@ -247,8 +247,13 @@ def test_memory_binding_is_checked(tiny_model):
         fwd.bind_memory(Memory(cfg, 10**5, 1, "f16", fwd.ubatch_size))
     fresh = type(fwd)(cfg, llm.model.weights, fwd.ubatch_size, 16, 1)
     with pytest.raises(ValueError, match="no memory bound"):
-        fresh.eval(*(np.array([1], np.int32),) * 2, np.array([0], np.int32), np.array([0], np.int32),
-                   np.empty((1, llm.n_vocab), np.float32), 1)
+        fresh.eval(
+            *(np.array([1], np.int32),) * 2,
+            np.array([0], np.int32),
+            np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32),
+            1,
+        )
 
 
 @pytest.mark.slow

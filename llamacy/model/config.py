@@ -99,8 +99,8 @@ class ModelConfig:
         for ffn in set(self.layer_ffn):
             if (
                 ffn not in FFNS
-                or (ffn == "ungated") != (self.activation == "relu2")
-                and ffn in ("gated", "ungated")
+                or ((ffn == "ungated") != (self.activation == "relu2")
+                and ffn in ("gated", "ungated"))
             ):
                 raise ValueError(f"a {ffn} feed-forward with {self.activation} is not supported")
 

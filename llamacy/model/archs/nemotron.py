@@ -81,8 +81,12 @@ _LAYERS = {
 def _biases(c: HFConfig) -> dict[str, str]:
     names = {}
     if c.get("attention_bias", False):
-        names.update({f"self_attn.{p}_proj.bias": f"attn_{g}.bias" for p, g in
-                      (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))})
+        names.update(
+            {
+                f"self_attn.{p}_proj.bias": f"attn_{g}.bias"
+                for p, g in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "output"))
+            }
+        )
     if c.get("mlp_bias", False):
         names.update({"mlp.up_proj.bias": "ffn_up.bias", "mlp.down_proj.bias": "ffn_down.bias"})
     return names

@@ -1,6 +1,7 @@
-"""Decode speed with a float32 vs a half-precision (f16) KV cache, at several context depths.
+"""Decode speed with each KV row type (f32, f16, q8_0 …), at several context depths.
 
     python benchmarks/bench_kv_cache.py [--model PATH] [--threads 1,2] [--depths 32,1000,2000] [--seqs 1,8]
+                                        [--types f32,f16]
 
 Decoding a token reads every cached K/V row of its sequence once per layer, so deep into a context the
 cache, not the weights, is what decode reads most: SmolLM2 caches 46 KB per position in float32 (30
@@ -8,7 +9,7 @@ layers x 3 KV heads x 64 x K and V), so at 2000 positions that is 92 MB a token,
 For each (sequences, depth): `seqs` sequences are filled once with `depth` random tokens per cache type;
 then for each thread count, rounds alternate between the types, each decoding `--steps` tokens of every
 sequence together (one batched step each, as the server does) and dropping them again. Medians of the
-rounds' ms per step are reported.
+rounds' ms per step are reported, and each type's speed relative to f16 (> 1: faster).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def step_ms(model, n_seq: int, depth: int, steps: int, rng: np.random.Generator)
         model.eval_batch(tok, pos, seqs, seqs)
         total += time.perf_counter() - t0
         for s in range(n_seq):
-            model.kv.tokens[s].append(int(tok[s]))
+            model.kv.append(s, [int(tok[s])])
     for s in range(n_seq):
         model.kv.truncate(s, depth)
     return total / steps * 1000
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--seqs", default="1,8", help="sequences decoded together")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--types", default="f32,f16", help="KV row types, compared with f16")
     args = ap.parse_args()
 
     from llamacy.catalog import resolve_model
@@ -72,13 +74,23 @@ def main() -> None:
     gguf = GGUFFile(resolve_model(args.model))
     rng = np.random.default_rng(0)
     print(f"model: {Path(gguf.path).name}  steps: {args.steps}  rounds: {args.rounds}")
-    print("| seqs | threads | depth | f32 ms/step | f16 ms/step | f16 speed-up |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    types = [t for t in args.types.split(",") if t]
+    if "f16" not in types:
+        types.insert(0, "f16")
+    others = [t for t in types if t != "f16"]
+    print(
+        "| seqs | threads | depth | "
+        + " | ".join(f"{t} ms/step" for t in types)
+        + " | "
+        + " | ".join(f"{t} vs f16" for t in others)
+        + " |"
+    )
+    print("| ---: " * (3 + len(types) + len(others)) + "|")
     for n_seq in ints(args.seqs):
         for depth in ints(args.depths):
             n_ctx = depth + args.steps + 1
             models = {}
-            for kt in ("f32", "f16"):
+            for kt in types:
                 models[kt] = Model(gguf, n_ctx, max(ints(args.threads)), n_seq=n_seq, kv_type=kt)
                 fill(models[kt], n_seq, depth, rng)
             for threads in ints(args.threads):
@@ -87,11 +99,9 @@ def main() -> None:
                     for kt, m in models.items():
                         m.n_threads = threads
                         times[kt].append(step_ms(m, n_seq, depth, args.steps, rng))
-                f32, f16 = statistics.median(times["f32"]), statistics.median(times["f16"])
-                print(
-                    f"| {n_seq} | {threads} | {depth} | {f32:.2f} | {f16:.2f} | {f32 / f16:.2f}x |",
-                    flush=True,
-                )
+                med = {kt: statistics.median(times[kt]) for kt in types}
+                cells = [f"{med[kt]:.2f}" for kt in types] + [f"{med['f16'] / med[kt]:.2f}x" for kt in others]
+                print(f"| {n_seq} | {threads} | {depth} | " + " | ".join(cells) + " |", flush=True)
             del models
 
 

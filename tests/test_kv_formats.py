@@ -57,11 +57,12 @@ def _reference(q, Kd, Vd, first, last, scale, softcap):
 
 # head_dim 32 and 96 take attention.h's one-vector column path (96 after one 64-column pass: a block of its
 # own), 64, 128 and 256 the 64-column register path. The windows start past 0 and leave 0..7 positions
-# after the blocks of 8; groups of 3 leave one head to the one-head functions, 4 and 8 pair them all.
+# after the blocks of 8. Heads: 1 the one-head kernel; in the grouped kernel 3 one pair and one single head,
+# 7 one group of four (lc_att_scores8x4, lc_att_values_acc4), a pair and a single head, 8 two groups of four.
 @pytest.mark.parametrize("name", list(QFMTS))
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("hd", [32, 64, 96, 128, 256])
-@pytest.mark.parametrize("heads", [1, 3, 8])
+@pytest.mark.parametrize("heads", [1, 3, 7, 8])
 @pytest.mark.parametrize(("first", "last"), [(0, 0), (5, 30), (3, 9), (0, 39), (9, 44)])
 def test_attention_over_quantized_rows_matches_numpy(name, softcap, hd, heads, first, last):
     rng = np.random.default_rng(hd + heads)

@@ -293,6 +293,70 @@ LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const vo
     }
 }
 
+/* The quantized formats' four-head versions of lc_att_scores8x2 and lc_att_values_acc2 (heads h < 4: q,
+ * weights w and sums acc at h * qs, h * ws, h * hd). Widening a quantized value (int8 or nibble to float,
+ * times the block's scale) costs about twice a half's, and with the eight query heads of a Llama-style
+ * group that work, done once per pair of heads, outweighed the bytes the smaller rows save (q8_0 1.25x
+ * f16's time from memory at head_dim 64); here each widened vector serves four heads. Every accumulator
+ * still takes the very fma chain of lc_att_scores8 (d ascending) or lc_att_values_acc (r ascending), so
+ * the outputs are bit for bit the one-head kernel's. */
+LC_ATT_INLINE void lc_att_scores8x4(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
+                                    float *s, ptrdiff_t ss, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    __m256 r[4][8];
+    for (int p = 0; p < 8; p += 2) { /* 2 rows x 4 heads: 8 accumulators */
+        const char *k = (const char *)K + (j + p) * rb;
+        __m256 a[4][2];
+        for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (ptrdiff_t d = 0; d < hd; d += 32) {
+            const char *r0 = lc_kv_at(k, d, fmt), *r1 = r0 + rb;
+            for (ptrdiff_t u = 0; u < 32; u += 8) {
+                const __m256 x0 = lc_kv_load8(r0, u, fmt), x1 = lc_kv_load8(r1, u, fmt);
+                for (int h = 0; h < 4; h++) {
+                    const __m256 qv = _mm256_loadu_ps(q + h * hd + d + u);
+                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
+                }
+            }
+        }
+        for (int h = 0; h < 4; h++) r[h][p] = a[h][0], r[h][p + 1] = a[h][1];
+    }
+    for (int h = 0; h < 4; h++)
+        lc_att_reduce8(r[h][0], r[h][1], r[h][2], r[h][3], r[h][4], r[h][5], r[h][6], r[h][7], scale,
+                       s + h * ss + j);
+}
+
+LC_ATT_INLINE void lc_att_values_acc4(const float *w, ptrdiff_t ws, const void *V, ptrdiff_t row0, ptrdiff_t nr,
+                                      ptrdiff_t hd, float *acc, int init, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    const char *vrow0 = (const char *)V + row0 * rb;
+    for (ptrdiff_t d0 = 0; d0 < hd; d0 += 32) {
+        const char *v0 = lc_kv_at(vrow0, d0, fmt);
+        for (ptrdiff_t o = 0; o < 32; o += 16) { /* 16 columns x 4 heads: 8 accumulators */
+            __m256 a[4][2];
+            for (int h = 0; h < 4; h++) {
+                float *out = acc + h * hd + d0 + o;
+                a[h][0] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out);
+                a[h][1] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8);
+            }
+            for (ptrdiff_t r = 0; r < nr; r++) {
+                const char *v = v0 + r * rb;
+                const __m256 x0 = lc_kv_load8(v, o, fmt), x1 = lc_kv_load8(v, o + 8, fmt);
+                for (int h = 0; h < 4; h++) {
+                    const __m256 wj = _mm256_broadcast_ss(w + h * ws + r);
+                    a[h][0] = _mm256_fmadd_ps(wj, x0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(wj, x1, a[h][1]);
+                }
+            }
+            for (int h = 0; h < 4; h++) {
+                float *out = acc + h * hd + d0 + o;
+                _mm256_storeu_ps(out, a[h][0]);
+                _mm256_storeu_ps(out + 8, a[h][1]);
+            }
+        }
+    }
+}
+
 /* out[0..hd) *= inv: the weighted sums become the softmax average. */
 LC_ATT_INLINE void lc_att_scale(float *out, ptrdiff_t hd, float inv) {
     const __m256 iv = _mm256_set1_ps(inv);
@@ -388,6 +452,14 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
                                                                   float scale, float *sa, float *sb) {       \
         lc_att_scores8x2(qa, qb, K, j, hd, scale, sa, sb, fmt);                                              \
     }
+static __attribute__((noinline)) void lc_att_scores8x4_q8_0(const float *q, const void *K, ptrdiff_t j,
+                                                            ptrdiff_t hd, float scale, float *s, ptrdiff_t ss) {
+    lc_att_scores8x4(q, K, j, hd, scale, s, ss, LC_KV_Q8_0);
+}
+static __attribute__((noinline)) void lc_att_scores8x4_q4_0(const float *q, const void *K, ptrdiff_t j,
+                                                            ptrdiff_t hd, float scale, float *s, ptrdiff_t ss) {
+    lc_att_scores8x4(q, K, j, hd, scale, s, ss, LC_KV_Q4_0);
+}
 LC_ATT_SCORES8_FNS(f32, LC_KV_F32)
 LC_ATT_SCORES8_FNS(f16, LC_KV_F16)
 LC_ATT_SCORES8_FNS(q8_0, LC_KV_Q8_0)
@@ -434,9 +506,14 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
     const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
     const ptrdiff_t fit = LC_ATT_VBLOCK_BYTES / rb, vrows = fit > 8 ? fit : 8;
     float inv[LC_ATT_GROUP_MAX];
+    /* heads four at a time where the rows are quantized (lc_att_scores8x4), then two, then one */
+    const ptrdiff_t G4 = LC_KV_QUANT(fmt) ? G / 4 * 4 : 0;
     ptrdiff_t j = first, g;
     for (; j + 8 <= n; j += 8) {
-        for (g = 0; g + 2 <= G; g += 2)
+        for (g = 0; g < G4; g += 4)
+            (fmt == LC_KV_Q8_0 ? lc_att_scores8x4_q8_0 : lc_att_scores8x4_q4_0)(q + g * hd, K, j, hd, scale,
+                                                                              scores + g * ss, ss);
+        for (; g + 2 <= G; g += 2)
             lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, scores + g * ss,
                                   scores + (g + 1) * ss, fmt);
         if (g < G) lc_att_scores8_call(q + g * hd, K, j, hd, scale, scores + g * ss, fmt);
@@ -447,7 +524,9 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
     for (j = first; j < n; j += vrows) {
         const ptrdiff_t nr = n - j < vrows ? n - j : vrows;
-        for (g = 0; g + 2 <= G; g += 2)
+        for (g = 0; g < G4; g += 4)
+            lc_att_values_acc4(scores + g * ss + j, ss, V, j, nr, hd, out + g * hd, j == first, fmt);
+        for (; g + 2 <= G; g += 2)
             lc_att_values_acc2(scores + g * ss + j, scores + (g + 1) * ss + j, V, j, nr, hd, out + g * hd,
                                out + (g + 1) * hd, j == first, fmt);
         if (g < G)

@@ -14,10 +14,10 @@
  * (LC_KV_*, ops.pxd's KV_*): float32, IEEE half, or GGML Q8_0 / Q4_0 blocks (head_dim a multiple of 32;
  * a fp16 scale d and 32 int8 values, or 32 nibbles q giving d * (q - 8)). Row i starts at byte
  * i * lc_kv_row_bytes(fmt, hd). Every format is widened to floats as it is loaded (F16C for the halves
- * and the scales), so a smaller format reads fewer bytes for the same arithmetic: a quantized value is
- * d * q, exact in float32 (11 + 8 significant bits), so attention over quantized rows computes exactly
- * what it would over those rows dequantized. The kernel is written once, with `fmt` a constant that the
- * entry point fixes per format.
+ * and the scales), never into a buffer: a smaller format reads fewer bytes, at the price of more work per
+ * value loaded (a quantized one: widen, convert, times d). A quantized value d * q is exact in float32
+ * (11 + 8 significant bits), so the kernel computes with exactly gguf's dequantized values. The kernel is
+ * written once, with `fmt` a constant that the entry point fixes per format.
  *
  * With grouped-query attention the query heads of a KV group read the same rows: lc_attend_group runs
  * them together (one read of each row for the group), with every head's output bit for bit the one-head
@@ -489,9 +489,10 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
 
 /* G <= LC_ATT_GROUP_MAX query heads over one KV head: head g reads q + g * hd, writes out + g * hd and uses
  * scores + g * ss (ss >= last + 1) as lc_attend_impl's scores. The heads take turns on each block of cached
- * rows (8 K rows for the scores, a block of V rows for the sums), two heads at a time, so each row comes
- * from memory once for the G heads and from L1 for the others, and each vector loaded (and widened) serves
- * two heads, where lc_attend_impl walks all rows once per head.
+ * rows (8 K rows for the scores, a block of V rows for the sums), two heads at a time (quantized rows: four
+ * at a time, then pairs, then one), so each row comes from memory once for the G heads and from L1 for the
+ * others, and each vector loaded (and widened) serves two (four) heads, where lc_attend_impl walks all rows
+ * once per head.
  * Each head's output is bit for bit lc_attend_impl's: the scores run through lc_att_scores8's chains and
  * reduction in the same blocks of 8 from first, the positions left over through lc_att_dot, the softmax
  * is lc_att_softmax and the sums lc_att_values_acc's per-column chains, continued from block to block.

@@ -13,7 +13,7 @@ from llamacy.completion_shapes import envelope, sampling_options, stop_list, usa
 from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageError, require_range
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.generation.speculate import same_vocabulary, speculation
-from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_dtype
+from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_format
 from llamacy.structured import Constraint, Grammar, request_grammar
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Llama:
         from llamacy.tokenizer import Tokenizer
 
         ensure_cpu()
-        kv_dtype(kv_type)  # a bad --kv-type fails before the model loads
+        kv_format(kv_type)  # a bad --kv-type fails before the model loads
         if n_threads is not None:
             require_range("--threads", n_threads, 1)
         if n_ctx is not None:

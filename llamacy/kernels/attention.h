@@ -10,9 +10,14 @@
  * _warm_kv). Without AVX2 (the portable build), or for a head_dim that is not a multiple of 8, the same
  * arithmetic runs as plain loops.
  *
- * The cached rows are float32 or IEEE half (the KV cache's type, `f16`): halves are widened as they are
- * loaded (F16C), so a half cache reads half the bytes for the same arithmetic. The kernel is written once,
- * with `f16` a constant that the two entry points fix (lc_attend_group, lc_attend_group_f16).
+ * A cached row (head_dim values of one KV head at one position) is stored in one of four formats
+ * (LC_KV_*, ops.pxd's KV_*): float32, IEEE half, or GGML Q8_0 / Q4_0 blocks (head_dim a multiple of 32;
+ * a fp16 scale d and 32 int8 values, or 32 nibbles q giving d * (q - 8)). Row i starts at byte
+ * i * lc_kv_row_bytes(fmt, hd). Every format is widened to floats as it is loaded (F16C for the halves
+ * and the scales), never into a buffer: a smaller format reads fewer bytes, at the price of more work per
+ * value loaded (a quantized one: widen, convert, times d). A quantized value d * q is exact in float32
+ * (11 + 8 significant bits), so the kernel computes with exactly gguf's dequantized values. The kernel is
+ * written once, with `fmt` a constant that the entry point fixes per format.
  *
  * With grouped-query attention the query heads of a KV group read the same rows: lc_attend_group runs
  * them together (one read of each row for the group), with every head's output bit for bit the one-head
@@ -26,6 +31,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "simd.h" /* _cvtsh_ss: F16C, or its exact portable twin */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -36,9 +42,42 @@
 
 #define LC_ATT_INLINE static inline __attribute__((always_inline))
 
-/* Element i of a cached row block: float32 or half. */
-LC_ATT_INLINE float lc_kv_get(const void *p, ptrdiff_t i, int f16) {
-    return f16 ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+/* The row formats (ops.pxd's KV_F32 .. KV_Q4_0 are these numbers). */
+#define LC_KV_F32 0
+#define LC_KV_F16 1
+#define LC_KV_Q8_0 2
+#define LC_KV_Q4_0 3
+#define LC_KV_QUANT(fmt) ((fmt) >= LC_KV_Q8_0)
+
+/* Bytes of one GGML block of 32 values (ggml-common.h's block_q8_0, block_q4_0). */
+LC_ATT_INLINE ptrdiff_t lc_kvq_block_bytes(int fmt) { return fmt == LC_KV_Q8_0 ? 34 : 18; }
+
+/* Bytes of one cached row of hd values (hd a multiple of 32 for the quantized formats). */
+LC_ATT_INLINE ptrdiff_t lc_kv_row_bytes(int fmt, ptrdiff_t hd) {
+    return fmt == LC_KV_F32 ? hd * 4 : fmt == LC_KV_F16 ? hd * 2 : hd / 32 * lc_kvq_block_bytes(fmt);
+}
+
+/* Where element d of a row starts (d a multiple of 32 for the quantized formats: the start of its block). */
+LC_ATT_INLINE const char *lc_kv_at(const char *row, ptrdiff_t d, int fmt) {
+    return row + (fmt == LC_KV_F32 ? d * 4 : fmt == LC_KV_F16 ? d * 2 : d / 32 * lc_kvq_block_bytes(fmt));
+}
+
+/* A quantized block's scale d (unaligned: blocks follow each other at 34 or 18 bytes). */
+LC_ATT_INLINE uint16_t lc_kvq_d(const char *blk) {
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return h;
+}
+
+/* Element i of a cached row. */
+LC_ATT_INLINE float lc_kv_get(const char *row, ptrdiff_t i, int fmt) {
+    if (fmt == LC_KV_F32) return ((const float *)row)[i];
+    if (fmt == LC_KV_F16) return _cvtsh_ss(((const uint16_t *)row)[i]);
+    const uint8_t *b = (const uint8_t *)lc_kv_at(row, i & ~(ptrdiff_t)31, fmt);
+    const float d = _cvtsh_ss(lc_kvq_d((const char *)b));
+    if (fmt == LC_KV_Q8_0) return d * (float)(int8_t)b[2 + (i & 31)];
+    const int byte = b[2 + (i & 15)];
+    return d * (float)(((i & 16) ? byte >> 4 : byte & 15) - 8);
 }
 
 /* The float dot product of the ops module (ops.pyx's dot_f32 is this): eight partial sums, so it vectorises
@@ -55,11 +94,28 @@ static inline float lc_dot_f32(const float *a, const float *b, ptrdiff_t n) {
 }
 
 #if LC_ATT_SIMD
-/* 8 cached values from element i on, as floats. */
-LC_ATT_INLINE __m256 lc_kv_load8(const void *p, ptrdiff_t i, int f16) {
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
-               : _mm256_loadu_ps((const float *)p + i);
+/* 8 cached values from element i of p on, as floats, p from lc_kv_at. For the quantized formats i < 32
+ * (within p's block) and a multiple of 8; the kernels pass constants, so the offsets and the Q4_0 nibble
+ * shift fold away. The scale is widened per call: GCC keeps it in a register across the block's four
+ * calls where registers allow. */
+LC_ATT_INLINE __m256 lc_kv_load8(const char *p, ptrdiff_t i, int fmt) {
+    if (fmt == LC_KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    if (fmt == LC_KV_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16((short)lc_kvq_d(p)));
+    __m256i v;
+    if (fmt == LC_KV_Q8_0) {
+        v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 2 + i)));
+    } else { /* values 0..15 in the low nibbles of bytes 0..15, values 16..31 in their high nibbles */
+        v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 2 + (i & 15))));
+        if (i & 16) v = _mm256_srli_epi32(v, 4);
+        v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
+    }
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), d);
 }
+
+/* How many values the kernels take per step along a row: a whole block for the quantized formats, so that
+ * lc_kv_load8 sees constant offsets within it. */
+#define LC_KV_STEP(fmt) (LC_KV_QUANT(fmt) ? 32 : 8)
 
 /* out[0..8) = scale * the sums of accumulators a0..a7: hadd pairs within 128-bit halves; after two levels,
  * lane i of the low half holds the low-half sum of accumulator i (i < 4) and the high half the high-half
@@ -72,21 +128,25 @@ LC_ATT_INLINE void lc_att_reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __
     _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
 }
 
-/* scores[j..j+8) = scale * dot(q, K row j+p) for p < 8; hd a multiple of 8. */
+/* scores[j..j+8) = scale * dot(q, K row j+p) for p < 8; hd a multiple of 8 (of 32 when quantized). */
 LC_ATT_INLINE void lc_att_scores8(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
-                                  float *scores, int f16) {
-    const ptrdiff_t k = j * hd;
+                                  float *scores, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd), step = LC_KV_STEP(fmt);
+    const char *k = (const char *)K + j * rb;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (ptrdiff_t d = 0; d < hd; d += 8) {
-        __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + d, f16), a0);
-        a1 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + hd + d, f16), a1);
-        a2 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 2 * hd + d, f16), a2);
-        a3 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 3 * hd + d, f16), a3);
-        a4 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 4 * hd + d, f16), a4);
-        a5 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 5 * hd + d, f16), a5);
-        a6 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 6 * hd + d, f16), a6);
-        a7 = _mm256_fmadd_ps(qv, lc_kv_load8(K, k + 7 * hd + d, f16), a7);
+    for (ptrdiff_t d = 0; d < hd; d += step) {
+        const char *r = lc_kv_at(k, d, fmt);
+        for (ptrdiff_t u = 0; u < step; u += 8) {
+            __m256 qv = _mm256_loadu_ps(q + d + u);
+            a0 = _mm256_fmadd_ps(qv, lc_kv_load8(r, u, fmt), a0);
+            a1 = _mm256_fmadd_ps(qv, lc_kv_load8(r + rb, u, fmt), a1);
+            a2 = _mm256_fmadd_ps(qv, lc_kv_load8(r + 2 * rb, u, fmt), a2);
+            a3 = _mm256_fmadd_ps(qv, lc_kv_load8(r + 3 * rb, u, fmt), a3);
+            a4 = _mm256_fmadd_ps(qv, lc_kv_load8(r + 4 * rb, u, fmt), a4);
+            a5 = _mm256_fmadd_ps(qv, lc_kv_load8(r + 5 * rb, u, fmt), a5);
+            a6 = _mm256_fmadd_ps(qv, lc_kv_load8(r + 6 * rb, u, fmt), a6);
+            a7 = _mm256_fmadd_ps(qv, lc_kv_load8(r + 7 * rb, u, fmt), a7);
+        }
     }
     lc_att_reduce8(a0, a1, a2, a3, a4, a5, a6, a7, scale, scores + j);
 }
@@ -95,87 +155,101 @@ LC_ATT_INLINE void lc_att_scores8(const float *q, const void *K, ptrdiff_t j, pt
  * in two passes of 4 rows (8 accumulators). Every accumulator takes the very fma chain of lc_att_scores8
  * (d ascending) and the same reduction, so the scores are bit for bit its. */
 LC_ATT_INLINE void lc_att_scores8x2(const float *qa, const float *qb, const void *K, ptrdiff_t j,
-                                    ptrdiff_t hd, float scale, float *sa, float *sb, int f16) {
-    __m256 ra[8], rb[8];
+                                    ptrdiff_t hd, float scale, float *sa, float *sb, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd), step = LC_KV_STEP(fmt);
+    __m256 ra[8], rb_[8];
     for (int p = 0; p < 8; p += 4) {
-        const ptrdiff_t k = (j + p) * hd;
+        const char *k = (const char *)K + (j + p) * rb;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (ptrdiff_t d = 0; d < hd; d += 8) {
-            __m256 qva = _mm256_loadu_ps(qa + d), qvb = _mm256_loadu_ps(qb + d), kv;
-            kv = lc_kv_load8(K, k + d, f16);
-            a0 = _mm256_fmadd_ps(qva, kv, a0);
-            b0 = _mm256_fmadd_ps(qvb, kv, b0);
-            kv = lc_kv_load8(K, k + hd + d, f16);
-            a1 = _mm256_fmadd_ps(qva, kv, a1);
-            b1 = _mm256_fmadd_ps(qvb, kv, b1);
-            kv = lc_kv_load8(K, k + 2 * hd + d, f16);
-            a2 = _mm256_fmadd_ps(qva, kv, a2);
-            b2 = _mm256_fmadd_ps(qvb, kv, b2);
-            kv = lc_kv_load8(K, k + 3 * hd + d, f16);
-            a3 = _mm256_fmadd_ps(qva, kv, a3);
-            b3 = _mm256_fmadd_ps(qvb, kv, b3);
+        for (ptrdiff_t d = 0; d < hd; d += step) {
+            const char *r = lc_kv_at(k, d, fmt);
+            for (ptrdiff_t u = 0; u < step; u += 8) {
+                __m256 qva = _mm256_loadu_ps(qa + d + u), qvb = _mm256_loadu_ps(qb + d + u), kv;
+                kv = lc_kv_load8(r, u, fmt);
+                a0 = _mm256_fmadd_ps(qva, kv, a0);
+                b0 = _mm256_fmadd_ps(qvb, kv, b0);
+                kv = lc_kv_load8(r + rb, u, fmt);
+                a1 = _mm256_fmadd_ps(qva, kv, a1);
+                b1 = _mm256_fmadd_ps(qvb, kv, b1);
+                kv = lc_kv_load8(r + 2 * rb, u, fmt);
+                a2 = _mm256_fmadd_ps(qva, kv, a2);
+                b2 = _mm256_fmadd_ps(qvb, kv, b2);
+                kv = lc_kv_load8(r + 3 * rb, u, fmt);
+                a3 = _mm256_fmadd_ps(qva, kv, a3);
+                b3 = _mm256_fmadd_ps(qvb, kv, b3);
+            }
         }
         ra[p] = a0, ra[p + 1] = a1, ra[p + 2] = a2, ra[p + 3] = a3;
-        rb[p] = b0, rb[p + 1] = b1, rb[p + 2] = b2, rb[p + 3] = b3;
+        rb_[p] = b0, rb_[p + 1] = b1, rb_[p + 2] = b2, rb_[p + 3] = b3;
     }
     lc_att_reduce8(ra[0], ra[1], ra[2], ra[3], ra[4], ra[5], ra[6], ra[7], scale, sa + j);
-    lc_att_reduce8(rb[0], rb[1], rb[2], rb[3], rb[4], rb[5], rb[6], rb[7], scale, sb + j);
+    lc_att_reduce8(rb_[0], rb_[1], rb_[2], rb_[3], rb_[4], rb_[5], rb_[6], rb_[7], scale, sb + j);
 }
 
 /* acc[d0..hd) (+)= sum over rows r < nr of w[r] * V row row0 + r (columns d0.., up to 64 of them): from
  * zero when init, else continuing the sums stored there. Per column the fma chain runs over r ascending,
  * so walking the rows in blocks, with the sums parked in memory between blocks (exact), gives the very
- * sums of one walk over all rows. */
+ * sums of one walk over all rows. d0 is a multiple of 64, so a quantized row's 64 columns are two whole
+ * blocks, and fewer than 64 left are one (hd a multiple of 32). */
 LC_ATT_INLINE void lc_att_values_acc(const float *w, const void *V, ptrdiff_t row0, ptrdiff_t nr,
-                                     ptrdiff_t hd, ptrdiff_t d0, float *acc, int init, int f16) {
+                                     ptrdiff_t hd, ptrdiff_t d0, float *acc, int init, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    const char *v0 = lc_kv_at((const char *)V + row0 * rb, d0, fmt);
     if (hd - d0 >= 64) {
-        float *o = acc + d0;
+        /* columns 32.. start a block of their own in a quantized row */
+        const ptrdiff_t hi = LC_KV_QUANT(fmt) ? lc_kvq_block_bytes(fmt) : 0, o = LC_KV_QUANT(fmt) ? 0 : 32;
+        float *out = acc + d0;
         __m256 a0, a1, a2, a3, a4, a5, a6, a7;
         if (init) {
             a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         } else {
-            a0 = _mm256_loadu_ps(o), a1 = _mm256_loadu_ps(o + 8), a2 = _mm256_loadu_ps(o + 16);
-            a3 = _mm256_loadu_ps(o + 24), a4 = _mm256_loadu_ps(o + 32), a5 = _mm256_loadu_ps(o + 40);
-            a6 = _mm256_loadu_ps(o + 48), a7 = _mm256_loadu_ps(o + 56);
+            a0 = _mm256_loadu_ps(out), a1 = _mm256_loadu_ps(out + 8), a2 = _mm256_loadu_ps(out + 16);
+            a3 = _mm256_loadu_ps(out + 24), a4 = _mm256_loadu_ps(out + 32), a5 = _mm256_loadu_ps(out + 40);
+            a6 = _mm256_loadu_ps(out + 48), a7 = _mm256_loadu_ps(out + 56);
         }
         for (ptrdiff_t r = 0; r < nr; r++) {
-            const ptrdiff_t v = (row0 + r) * hd + d0;
+            const char *v = v0 + r * rb, *vh = v + hi;
             __m256 wj = _mm256_broadcast_ss(w + r);
-            a0 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v, f16), a0);
-            a1 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 8, f16), a1);
-            a2 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 16, f16), a2);
-            a3 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 24, f16), a3);
-            a4 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 32, f16), a4);
-            a5 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 40, f16), a5);
-            a6 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 48, f16), a6);
-            a7 = _mm256_fmadd_ps(wj, lc_kv_load8(V, v + 56, f16), a7);
+            a0 = _mm256_fmadd_ps(wj, lc_kv_load8(v, 0, fmt), a0);
+            a1 = _mm256_fmadd_ps(wj, lc_kv_load8(v, 8, fmt), a1);
+            a2 = _mm256_fmadd_ps(wj, lc_kv_load8(v, 16, fmt), a2);
+            a3 = _mm256_fmadd_ps(wj, lc_kv_load8(v, 24, fmt), a3);
+            a4 = _mm256_fmadd_ps(wj, lc_kv_load8(vh, o, fmt), a4);
+            a5 = _mm256_fmadd_ps(wj, lc_kv_load8(vh, o + 8, fmt), a5);
+            a6 = _mm256_fmadd_ps(wj, lc_kv_load8(vh, o + 16, fmt), a6);
+            a7 = _mm256_fmadd_ps(wj, lc_kv_load8(vh, o + 24, fmt), a7);
         }
-        _mm256_storeu_ps(o, a0);
-        _mm256_storeu_ps(o + 8, a1);
-        _mm256_storeu_ps(o + 16, a2);
-        _mm256_storeu_ps(o + 24, a3);
-        _mm256_storeu_ps(o + 32, a4);
-        _mm256_storeu_ps(o + 40, a5);
-        _mm256_storeu_ps(o + 48, a6);
-        _mm256_storeu_ps(o + 56, a7);
+        _mm256_storeu_ps(out, a0);
+        _mm256_storeu_ps(out + 8, a1);
+        _mm256_storeu_ps(out + 16, a2);
+        _mm256_storeu_ps(out + 24, a3);
+        _mm256_storeu_ps(out + 32, a4);
+        _mm256_storeu_ps(out + 40, a5);
+        _mm256_storeu_ps(out + 48, a6);
+        _mm256_storeu_ps(out + 56, a7);
         return;
     }
     for (ptrdiff_t d = d0; d < hd; d += 8) { /* fewer than 64 columns left: one vector at a time */
+        const ptrdiff_t u = d - d0;  /* < 32 when quantized: within v0's block */
         __m256 a = init ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + d);
         for (ptrdiff_t r = 0; r < nr; r++)
-            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r), lc_kv_load8(V, (row0 + r) * hd + d, f16), a);
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + r), lc_kv_load8(v0 + r * rb, u, fmt), a);
         _mm256_storeu_ps(acc + d, a);
     }
 }
 
 /* lc_att_values_acc over all columns for two heads at once (weights wa -> acca, wb -> accb): each
- * converted V vector serves both, 32 columns (8 accumulators) at a time. Per column the same fma chain
- * (r ascending, from zero or the parked sum), so the sums are bit for bit lc_att_values_acc's. */
+ * converted V vector serves both, 32 columns (8 accumulators, one block when quantized) at a time. Per
+ * column the same fma chain (r ascending, from zero or the parked sum), so the sums are bit for bit
+ * lc_att_values_acc's. */
 LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const void *V, ptrdiff_t row0,
                                       ptrdiff_t nr, ptrdiff_t hd, float *acca, float *accb, int init,
-                                      int f16) {
+                                      int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    const char *vrow0 = (const char *)V + row0 * rb;
     ptrdiff_t d0 = 0;
     for (; d0 + 32 <= hd; d0 += 32) {
+        const char *v0 = lc_kv_at(vrow0, d0, fmt);
         float *oa = acca + d0, *ob = accb + d0;
         __m256 a0, a1, a2, a3, b0, b1, b2, b3;
         if (init) {
@@ -186,18 +260,18 @@ LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const vo
             b2 = _mm256_loadu_ps(ob + 16), b3 = _mm256_loadu_ps(ob + 24);
         }
         for (ptrdiff_t r = 0; r < nr; r++) {
-            const ptrdiff_t v = (row0 + r) * hd + d0;
+            const char *v = v0 + r * rb;
             const __m256 wja = _mm256_broadcast_ss(wa + r), wjb = _mm256_broadcast_ss(wb + r);
-            __m256 x = lc_kv_load8(V, v, f16);
+            __m256 x = lc_kv_load8(v, 0, fmt);
             a0 = _mm256_fmadd_ps(wja, x, a0);
             b0 = _mm256_fmadd_ps(wjb, x, b0);
-            x = lc_kv_load8(V, v + 8, f16);
+            x = lc_kv_load8(v, 8, fmt);
             a1 = _mm256_fmadd_ps(wja, x, a1);
             b1 = _mm256_fmadd_ps(wjb, x, b1);
-            x = lc_kv_load8(V, v + 16, f16);
+            x = lc_kv_load8(v, 16, fmt);
             a2 = _mm256_fmadd_ps(wja, x, a2);
             b2 = _mm256_fmadd_ps(wjb, x, b2);
-            x = lc_kv_load8(V, v + 24, f16);
+            x = lc_kv_load8(v, 24, fmt);
             a3 = _mm256_fmadd_ps(wja, x, a3);
             b3 = _mm256_fmadd_ps(wjb, x, b3);
         }
@@ -205,16 +279,81 @@ LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const vo
         _mm256_storeu_ps(oa + 24, a3), _mm256_storeu_ps(ob, b0), _mm256_storeu_ps(ob + 8, b1);
         _mm256_storeu_ps(ob + 16, b2), _mm256_storeu_ps(ob + 24, b3);
     }
-    for (; d0 < hd; d0 += 8) {
+    for (; d0 < hd; d0 += 8) { /* never when quantized (hd a multiple of 32) */
+        const char *v0 = lc_kv_at(vrow0, d0, fmt);
         __m256 a = init ? _mm256_setzero_ps() : _mm256_loadu_ps(acca + d0);
         __m256 b = init ? _mm256_setzero_ps() : _mm256_loadu_ps(accb + d0);
         for (ptrdiff_t r = 0; r < nr; r++) {
-            const __m256 x = lc_kv_load8(V, (row0 + r) * hd + d0, f16);
+            const __m256 x = lc_kv_load8(v0 + r * rb, 0, fmt);
             a = _mm256_fmadd_ps(_mm256_broadcast_ss(wa + r), x, a);
             b = _mm256_fmadd_ps(_mm256_broadcast_ss(wb + r), x, b);
         }
         _mm256_storeu_ps(acca + d0, a);
         _mm256_storeu_ps(accb + d0, b);
+    }
+}
+
+/* The quantized formats' four-head versions of lc_att_scores8x2 and lc_att_values_acc2 (heads h < 4: q,
+ * weights w and sums acc at h * qs, h * ws, h * hd). Widening a quantized value (int8 or nibble to float,
+ * times the block's scale) costs about twice a half's, and with the eight query heads of a Llama-style
+ * group that work, done once per pair of heads, outweighed the bytes the smaller rows save (q8_0 1.25x
+ * f16's time from memory at head_dim 64); here each widened vector serves four heads. Every accumulator
+ * still takes the very fma chain of lc_att_scores8 (d ascending) or lc_att_values_acc (r ascending), so
+ * the outputs are bit for bit the one-head kernel's. */
+LC_ATT_INLINE void lc_att_scores8x4(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
+                                    float *s, ptrdiff_t ss, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    __m256 r[4][8];
+    for (int p = 0; p < 8; p += 2) { /* 2 rows x 4 heads: 8 accumulators */
+        const char *k = (const char *)K + (j + p) * rb;
+        __m256 a[4][2];
+        for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (ptrdiff_t d = 0; d < hd; d += 32) {
+            const char *r0 = lc_kv_at(k, d, fmt), *r1 = r0 + rb;
+            for (ptrdiff_t u = 0; u < 32; u += 8) {
+                const __m256 x0 = lc_kv_load8(r0, u, fmt), x1 = lc_kv_load8(r1, u, fmt);
+                for (int h = 0; h < 4; h++) {
+                    const __m256 qv = _mm256_loadu_ps(q + h * hd + d + u);
+                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
+                }
+            }
+        }
+        for (int h = 0; h < 4; h++) r[h][p] = a[h][0], r[h][p + 1] = a[h][1];
+    }
+    for (int h = 0; h < 4; h++)
+        lc_att_reduce8(r[h][0], r[h][1], r[h][2], r[h][3], r[h][4], r[h][5], r[h][6], r[h][7], scale,
+                       s + h * ss + j);
+}
+
+LC_ATT_INLINE void lc_att_values_acc4(const float *w, ptrdiff_t ws, const void *V, ptrdiff_t row0, ptrdiff_t nr,
+                                      ptrdiff_t hd, float *acc, int init, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    const char *vrow0 = (const char *)V + row0 * rb;
+    for (ptrdiff_t d0 = 0; d0 < hd; d0 += 32) {
+        const char *v0 = lc_kv_at(vrow0, d0, fmt);
+        for (ptrdiff_t o = 0; o < 32; o += 16) { /* 16 columns x 4 heads: 8 accumulators */
+            __m256 a[4][2];
+            for (int h = 0; h < 4; h++) {
+                float *out = acc + h * hd + d0 + o;
+                a[h][0] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out);
+                a[h][1] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8);
+            }
+            for (ptrdiff_t r = 0; r < nr; r++) {
+                const char *v = v0 + r * rb;
+                const __m256 x0 = lc_kv_load8(v, o, fmt), x1 = lc_kv_load8(v, o + 8, fmt);
+                for (int h = 0; h < 4; h++) {
+                    const __m256 wj = _mm256_broadcast_ss(w + h * ws + r);
+                    a[h][0] = _mm256_fmadd_ps(wj, x0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(wj, x1, a[h][1]);
+                }
+            }
+            for (int h = 0; h < 4; h++) {
+                float *out = acc + h * hd + d0 + o;
+                _mm256_storeu_ps(out, a[h][0]);
+                _mm256_storeu_ps(out + 8, a[h][1]);
+            }
+        }
     }
 }
 
@@ -227,12 +366,17 @@ LC_ATT_INLINE void lc_att_scale(float *out, ptrdiff_t hd, float inv) {
 #endif
 
 /* The dot product of q with a cached row (the positions left over from the blocks of 8, and no-SIMD). */
-LC_ATT_INLINE float lc_att_dot(const float *q, const void *K, ptrdiff_t row, ptrdiff_t hd, int f16) {
-    if (!f16) return lc_dot_f32(q, (const float *)K + row, hd);
+LC_ATT_INLINE float lc_att_dot(const float *q, const char *row, ptrdiff_t hd, int fmt) {
+    if (fmt == LC_KV_F32) return lc_dot_f32(q, (const float *)row, hd);
 #if LC_ATT_SIMD
-    if (hd % 8 == 0) { /* halves widened 8 at a time: the scalar loop converts one by one */
+    if (hd % 8 == 0) { /* widened 8 at a time: the scalar loop converts one by one */
+        const ptrdiff_t step = LC_KV_STEP(fmt);
         __m256 a = _mm256_setzero_ps();
-        for (ptrdiff_t d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), lc_kv_load8(K, row + d, 1), a);
+        for (ptrdiff_t d = 0; d < hd; d += step) {
+            const char *r = lc_kv_at(row, d, fmt);
+            for (ptrdiff_t u = 0; u < step; u += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + u), lc_kv_load8(r, u, fmt), a);
+        }
         __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
         h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
@@ -241,10 +385,10 @@ LC_ATT_INLINE float lc_att_dot(const float *q, const void *K, ptrdiff_t row, ptr
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     ptrdiff_t i = 0;
     for (; i + 8 <= hd; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += q[i + k] * lc_kv_get(K, row + i + k, 1);
+        for (int k = 0; k < 8; k++) acc[k] += q[i + k] * lc_kv_get(row, i + k, fmt);
     float s = 0.0f;
     for (int k = 0; k < 8; k++) s += acc[k];
-    for (; i < hd; i++) s += q[i] * lc_kv_get(K, row + i, 1);
+    for (; i < hd; i++) s += q[i] * lc_kv_get(row, i, fmt);
     return s;
 }
 
@@ -264,22 +408,23 @@ LC_ATT_INLINE float lc_att_softmax(float *scores, ptrdiff_t first, ptrdiff_t n, 
     return 1.0f / total;
 }
 
-/* K and V point at position 0 of the head's cache (rows of hd values); scores needs last + 1 floats. */
+/* K and V point at position 0 of the head's cache (rows of lc_kv_row_bytes(fmt, hd) bytes); scores needs
+ * last + 1 floats. */
 LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, ptrdiff_t first, ptrdiff_t last,
-                                  ptrdiff_t hd, float scale, float softcap, float *scores, float *out, int f16) {
-    const ptrdiff_t n = last + 1;
+                                  ptrdiff_t hd, float scale, float softcap, float *scores, float *out, int fmt) {
+    const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
     const int simd = LC_ATT_SIMD && hd % 8 == 0;
     ptrdiff_t j = first;
 #if LC_ATT_SIMD
     if (simd)
-        for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, f16);
+        for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, fmt);
 #endif
-    for (; j < n; j++) scores[j] = lc_att_dot(q, K, j * hd, hd, f16) * scale;
+    for (; j < n; j++) scores[j] = lc_att_dot(q, (const char *)K + j * rb, hd, fmt) * scale;
     const float inv = lc_att_softmax(scores, first, n, softcap);
 #if LC_ATT_SIMD
     if (simd) {
         for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
-            lc_att_values_acc(scores + first, V, first, n - first, hd, d0, out, 1, f16);
+            lc_att_values_acc(scores + first, V, first, n - first, hd, d0, out, 1, fmt);
         lc_att_scale(out, hd, inv);
         return;
     }
@@ -287,31 +432,53 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
     for (ptrdiff_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (j = first; j < n; j++) {
         const float w = scores[j] * inv;
-        for (ptrdiff_t d = 0; d < hd; d++) out[d] += w * lc_kv_get(V, j * hd + d, f16);
+        const char *v = (const char *)V + j * rb;
+        for (ptrdiff_t d = 0; d < hd; d++) out[d] += w * lc_kv_get(v, d, fmt);
     }
 }
 
 /* lc_att_scores8 as a call of its own, for the grouped kernel: inlined into the loops over heads and blocks,
  * its 8 row pointers no longer fit the registers beside theirs, and reloading them from the stack every
- * step cost more than the call (Gemma 3 prefill attention was 6% slower than head by head). */
+ * step cost more than the call (Gemma 3 prefill attention was 6% slower than head by head). One pair of
+ * functions per format; lc_att_scores8_call picks it (fmt a constant there). */
 #if LC_ATT_SIMD
-static __attribute__((noinline)) void lc_att_scores8_f32(const float *q, const void *K, ptrdiff_t j,
-                                                         ptrdiff_t hd, float scale, float *scores) {
-    lc_att_scores8(q, K, j, hd, scale, scores, 0);
+#define LC_ATT_SCORES8_FNS(name, fmt)                                                                         \
+    static __attribute__((noinline)) void lc_att_scores8_##name(const float *q, const void *K, ptrdiff_t j,  \
+                                                                ptrdiff_t hd, float scale, float *scores) {  \
+        lc_att_scores8(q, K, j, hd, scale, scores, fmt);                                                     \
+    }                                                                                                         \
+    static __attribute__((noinline)) void lc_att_scores8x2_##name(const float *qa, const float *qb,          \
+                                                                  const void *K, ptrdiff_t j, ptrdiff_t hd,  \
+                                                                  float scale, float *sa, float *sb) {       \
+        lc_att_scores8x2(qa, qb, K, j, hd, scale, sa, sb, fmt);                                              \
+    }
+static __attribute__((noinline)) void lc_att_scores8x4_q8_0(const float *q, const void *K, ptrdiff_t j,
+                                                            ptrdiff_t hd, float scale, float *s, ptrdiff_t ss) {
+    lc_att_scores8x4(q, K, j, hd, scale, s, ss, LC_KV_Q8_0);
 }
-static __attribute__((noinline)) void lc_att_scores8_f16(const float *q, const void *K, ptrdiff_t j,
-                                                         ptrdiff_t hd, float scale, float *scores) {
-    lc_att_scores8(q, K, j, hd, scale, scores, 1);
+static __attribute__((noinline)) void lc_att_scores8x4_q4_0(const float *q, const void *K, ptrdiff_t j,
+                                                            ptrdiff_t hd, float scale, float *s, ptrdiff_t ss) {
+    lc_att_scores8x4(q, K, j, hd, scale, s, ss, LC_KV_Q4_0);
 }
-static __attribute__((noinline)) void lc_att_scores8x2_f32(const float *qa, const float *qb, const void *K,
-                                                           ptrdiff_t j, ptrdiff_t hd, float scale, float *sa,
-                                                           float *sb) {
-    lc_att_scores8x2(qa, qb, K, j, hd, scale, sa, sb, 0);
+LC_ATT_SCORES8_FNS(f32, LC_KV_F32)
+LC_ATT_SCORES8_FNS(f16, LC_KV_F16)
+LC_ATT_SCORES8_FNS(q8_0, LC_KV_Q8_0)
+LC_ATT_SCORES8_FNS(q4_0, LC_KV_Q4_0)
+
+LC_ATT_INLINE void lc_att_scores8_call(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
+                                       float *scores, int fmt) {
+    (fmt == LC_KV_F32    ? lc_att_scores8_f32
+     : fmt == LC_KV_F16  ? lc_att_scores8_f16
+     : fmt == LC_KV_Q8_0 ? lc_att_scores8_q8_0
+                         : lc_att_scores8_q4_0)(q, K, j, hd, scale, scores);
 }
-static __attribute__((noinline)) void lc_att_scores8x2_f16(const float *qa, const float *qb, const void *K,
-                                                           ptrdiff_t j, ptrdiff_t hd, float scale, float *sa,
-                                                           float *sb) {
-    lc_att_scores8x2(qa, qb, K, j, hd, scale, sa, sb, 1);
+
+LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const void *K, ptrdiff_t j,
+                                         ptrdiff_t hd, float scale, float *sa, float *sb, int fmt) {
+    (fmt == LC_KV_F32    ? lc_att_scores8x2_f32
+     : fmt == LC_KV_F16  ? lc_att_scores8x2_f16
+     : fmt == LC_KV_Q8_0 ? lc_att_scores8x2_q8_0
+                         : lc_att_scores8x2_q4_0)(qa, qb, K, j, hd, scale, sa, sb);
 }
 #endif
 
@@ -322,9 +489,10 @@ static __attribute__((noinline)) void lc_att_scores8x2_f16(const float *qa, cons
 
 /* G <= LC_ATT_GROUP_MAX query heads over one KV head: head g reads q + g * hd, writes out + g * hd and uses
  * scores + g * ss (ss >= last + 1) as lc_attend_impl's scores. The heads take turns on each block of cached
- * rows (8 K rows for the scores, a block of V rows for the sums), two heads at a time, so each row comes
- * from memory once for the G heads and from L1 for the others, and each vector loaded (and widened) serves
- * two heads, where lc_attend_impl walks all rows once per head.
+ * rows (8 K rows for the scores, a block of V rows for the sums), two heads at a time (quantized rows: four
+ * at a time, then pairs, then one), so each row comes from memory once for the G heads and from L1 for the
+ * others, and each vector loaded (and widened) serves two (four) heads, where lc_attend_impl walks all rows
+ * once per head.
  * Each head's output is bit for bit lc_attend_impl's: the scores run through lc_att_scores8's chains and
  * reduction in the same blocks of 8 from first, the positions left over through lc_att_dot, the softmax
  * is lc_att_softmax and the sums lc_att_values_acc's per-column chains, continued from block to block.
@@ -334,35 +502,42 @@ static __attribute__((noinline)) void lc_att_scores8x2_f16(const float *qa, cons
  * reloads cost more than the conversions saved. */
 LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
-                                        float *scores, ptrdiff_t ss, float *out, int f16) {
+                                        float *scores, ptrdiff_t ss, float *out, int fmt) {
 #if LC_ATT_SIMD
-    const ptrdiff_t n = last + 1;
-    const ptrdiff_t fit = LC_ATT_VBLOCK_BYTES / (hd * (f16 ? 2 : 4)), vrows = fit > 8 ? fit : 8;
+    const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
+    const ptrdiff_t fit = LC_ATT_VBLOCK_BYTES / rb, vrows = fit > 8 ? fit : 8;
     float inv[LC_ATT_GROUP_MAX];
+    /* heads four at a time where the rows are quantized (lc_att_scores8x4), then two, then one */
+    const ptrdiff_t G4 = LC_KV_QUANT(fmt) ? G / 4 * 4 : 0;
     ptrdiff_t j = first, g;
     for (; j + 8 <= n; j += 8) {
-        for (g = 0; g + 2 <= G; g += 2)
-            (f16 ? lc_att_scores8x2_f16 : lc_att_scores8x2_f32)(q + g * hd, q + (g + 1) * hd, K, j, hd, scale,
-                                                               scores + g * ss, scores + (g + 1) * ss);
-        if (g < G)
-            (f16 ? lc_att_scores8_f16 : lc_att_scores8_f32)(q + g * hd, K, j, hd, scale, scores + g * ss);
+        for (g = 0; g < G4; g += 4)
+            (fmt == LC_KV_Q8_0 ? lc_att_scores8x4_q8_0 : lc_att_scores8x4_q4_0)(q + g * hd, K, j, hd, scale,
+                                                                              scores + g * ss, ss);
+        for (; g + 2 <= G; g += 2)
+            lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, scores + g * ss,
+                                  scores + (g + 1) * ss, fmt);
+        if (g < G) lc_att_scores8_call(q + g * hd, K, j, hd, scale, scores + g * ss, fmt);
     }
     for (; j < n; j++)
-        for (g = 0; g < G; g++) scores[g * ss + j] = lc_att_dot(q + g * hd, K, j * hd, hd, f16) * scale;
+        for (g = 0; g < G; g++)
+            scores[g * ss + j] = lc_att_dot(q + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
     for (j = first; j < n; j += vrows) {
         const ptrdiff_t nr = n - j < vrows ? n - j : vrows;
-        for (g = 0; g + 2 <= G; g += 2)
+        for (g = 0; g < G4; g += 4)
+            lc_att_values_acc4(scores + g * ss + j, ss, V, j, nr, hd, out + g * hd, j == first, fmt);
+        for (; g + 2 <= G; g += 2)
             lc_att_values_acc2(scores + g * ss + j, scores + (g + 1) * ss + j, V, j, nr, hd, out + g * hd,
-                               out + (g + 1) * hd, j == first, f16);
+                               out + (g + 1) * hd, j == first, fmt);
         if (g < G)
             for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
-                lc_att_values_acc(scores + g * ss + j, V, j, nr, hd, d0, out + g * hd, j == first, f16);
+                lc_att_values_acc(scores + g * ss + j, V, j, nr, hd, d0, out + g * hd, j == first, fmt);
     }
     for (g = 0; g < G; g++) lc_att_scale(out + g * hd, hd, inv[g]);
 #else
     (void)q, (void)K, (void)V, (void)first, (void)last, (void)hd, (void)G, (void)scale, (void)softcap;
-    (void)scores, (void)ss, (void)out, (void)f16;
+    (void)scores, (void)ss, (void)out, (void)fmt;
 #endif
 }
 
@@ -370,28 +545,37 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
  * SIMD kernel runs, else lc_attend_impl head by head. */
 LC_ATT_INLINE void lc_attend_group_impl(const float *q, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
-                                        float *scores, ptrdiff_t ss, float *out, int f16) {
+                                        float *scores, ptrdiff_t ss, float *out, int fmt) {
     if (LC_ATT_SIMD && G > 1 && hd % 8 == 0) {
         for (ptrdiff_t g0 = 0; g0 < G; g0 += LC_ATT_GROUP_MAX)
             lc_attend_group_pass(q + g0 * hd, K, V, first, last, hd,
                                  G - g0 < LC_ATT_GROUP_MAX ? G - g0 : LC_ATT_GROUP_MAX, scale, softcap,
-                                 scores + g0 * ss, ss, out + g0 * hd, f16);
+                                 scores + g0 * ss, ss, out + g0 * hd, fmt);
         return;
     }
     for (ptrdiff_t g = 0; g < G; g++)
-        lc_attend_impl(q + g * hd, K, V, first, last, hd, scale, softcap, scores + g * ss, out + g * hd, f16);
+        lc_attend_impl(q + g * hd, K, V, first, last, hd, scale, softcap, scores + g * ss, out + g * hd, fmt);
 }
 
-static void lc_attend_group(const float *q, const float *K, const float *V, ptrdiff_t first, ptrdiff_t last,
+/* The entry point: one instance of the kernel per row format (an unknown fmt does nothing; ops.pxd's
+ * callers pass KV_*). */
+static void lc_attend_group(const float *q, const void *K, const void *V, ptrdiff_t first, ptrdiff_t last,
                             ptrdiff_t hd, ptrdiff_t G, float scale, float softcap, float *scores,
-                            ptrdiff_t ss, float *out) {
-    lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, 0);
-}
-
-static void lc_attend_group_f16(const float *q, const uint16_t *K, const uint16_t *V, ptrdiff_t first,
-                                ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
-                                float *scores, ptrdiff_t ss, float *out) {
-    lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, 1);
+                            ptrdiff_t ss, float *out, int fmt) {
+    switch (fmt) {
+    case LC_KV_F32:
+        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_F32);
+        break;
+    case LC_KV_F16:
+        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_F16);
+        break;
+    case LC_KV_Q8_0:
+        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_Q8_0);
+        break;
+    case LC_KV_Q4_0:
+        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_Q4_0);
+        break;
+    }
 }
 
 #endif

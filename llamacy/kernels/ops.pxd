@@ -16,7 +16,22 @@ cdef void gelu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil
 cdef void add_inplace(float* x, const float* y, Py_ssize_t n) noexcept nogil
 cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil
+
+# The KV cache's row formats: one row is head_dim values of one KV head at one position, and row i of a
+# head's cache starts at byte i * kv_row_bytes(kv_fmt, head_dim). F32 and F16 are plain arrays (0 and 1,
+# what the former `bint kv_f16` arguments meant); Q8_0 and Q4_0 are GGML blocks of 32 values (34 and 18
+# bytes: a fp16 scale, then 32 int8 or 32 nibbles), so head_dim must be a multiple of 32 for them: the
+# callers check (llamacy.model.kv_types), the kernels do not.
+cdef enum:
+    KV_F32 = 0
+    KV_F16 = 1
+    KV_Q8_0 = 2
+    KV_Q4_0 = 3
+    N_KV_FORMATS = 4
+
+# Bytes of one cached row of n values in kv_fmt (n a multiple of 32 for the quantized formats).
+cdef Py_ssize_t kv_row_bytes(int kv_fmt, Py_ssize_t n) noexcept nogil
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
-                       Py_ssize_t scores_stride, float* out, bint kv_f16) noexcept nogil
-cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) noexcept nogil
+                       Py_ssize_t scores_stride, float* out, int kv_fmt) noexcept nogil
+cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil

@@ -10,17 +10,17 @@ from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
 from libc.stdint cimport uint8_t, uint16_t
 from libc.string cimport memcpy
 
+from llamacy.kernels.blocks cimport block_q4_0
+from llamacy.kernels.quantize_rows cimport q_legacy, q_q8_0
 from llamacy.kernels.simd cimport _cvtss_sh
 
 
 cdef extern from "attention.h" nogil:
     float lc_dot_f32(const float* a, const float* b, Py_ssize_t n)
-    void lc_attend_group_f16(const float* q, const uint16_t* K, const uint16_t* V, Py_ssize_t first,
-                             Py_ssize_t last, Py_ssize_t hd, Py_ssize_t G, float scale, float softcap,
-                             float* scores, Py_ssize_t ss, float* out)
-    void lc_attend_group(const float* q, const float* K, const float* V, Py_ssize_t first, Py_ssize_t last,
+    Py_ssize_t lc_kv_row_bytes(int fmt, Py_ssize_t hd)
+    void lc_attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                          Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores,
-                         Py_ssize_t ss, float* out)
+                         Py_ssize_t ss, float* out, int fmt)
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -115,31 +115,38 @@ cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil:
         x[i] *= s
 
 
+cdef Py_ssize_t kv_row_bytes(int kv_fmt, Py_ssize_t n) noexcept nogil:
+    return lc_kv_row_bytes(kv_fmt, n)
+
+
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
-                       Py_ssize_t scores_stride, float* out, bint kv_f16) noexcept nogil:
+                       Py_ssize_t scores_stride, float* out, int kv_fmt) noexcept nogil:
     """n_heads query heads over cached positions first..last (inclusive) of the one KV head they share, each
     cached row read once for all of them (see attention.h).
 
-    K and V point at position 0 of that head's cache, rows of head_dim floats (or IEEE halves, kv_f16).
-    q and out: n_heads rows of head_dim floats; head h's output is bit for bit what the one-head kernel
-    (n_heads == 1) gives for q + h * head_dim. scores: n_heads rows of scores_stride >= last+1 floats.
+    K and V point at position 0 of that head's cache: rows of kv_row_bytes(kv_fmt, head_dim) bytes (ops.pxd's
+    KV_* formats; head_dim a multiple of 32 for the quantized ones). q and out: n_heads rows of head_dim
+    floats; head h's output is bit for bit what the one-head kernel (n_heads == 1) gives for
+    q + h * head_dim. scores: n_heads rows of scores_stride >= last+1 floats.
     """
-    if kv_f16:
-        lc_attend_group_f16(q, <const uint16_t*>K, <const uint16_t*>V, first, last, head_dim, n_heads, scale,
-                            softcap, scores, scores_stride, out)
-    else:
-        lc_attend_group(q, <const float*>K, <const float*>V, first, last, head_dim, n_heads, scale, softcap,
-                        scores, scores_stride, out)
+    lc_attend_group(q, K, V, first, last, head_dim, n_heads, scale, softcap, scores, scores_stride, out, kv_fmt)
 
 
-cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, bint kv_f16) noexcept nogil:
-    """A K or V row into the cache: copied, or rounded to IEEE half (to nearest even, as F16C and numpy)."""
+cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil:
+    """A K or V row into the cache: copied, rounded to IEEE half (to nearest even, as F16C and numpy), or
+    quantized to Q8_0 / Q4_0 blocks as ggml's quantize_row_*_ref (quantize_rows.pyx's weight quantizers,
+    byte for byte gguf.quants.quantize; they live in a module built without -ffast-math, which would change
+    their rounding)."""
     cdef Py_ssize_t i
     cdef uint16_t* h
-    if kv_f16:
+    if kv_fmt == KV_F16:
         h = <uint16_t*>dst
         for i in range(n):
             h[i] = _cvtss_sh(src[i], 0)
+    elif kv_fmt == KV_Q8_0:
+        q_q8_0(src, dst, n, False)
+    elif kv_fmt == KV_Q4_0:
+        q_legacy(src, <block_q4_0*>dst, n, False)
     else:
         memcpy(dst, src, n * sizeof(float))

@@ -1,6 +1,7 @@
 # Helpers for the tests and benchmarks, kept out of the production modules: a C-timed matrix product loop
 # (benchmarks/bench_kernels*.py), a thread-team coverage count (tests/test_parallel.py) and Python-level
-# entry points to the layer loop's element-wise operations (tests/test_ops.py checks them against numpy).
+# entry points to the layer loop's element-wise operations and attention (tests/test_ops.py and
+# tests/test_kv_formats.py check them against numpy; benchmarks/bench_attention.py times decode attention).
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
 import time
@@ -8,7 +9,8 @@ import time
 import numpy as np
 
 from llamacy.kernels.matmul cimport matmul_impl
-from llamacy.kernels.ops cimport attend_group, rmsnorm, rope, rope_table, store_kv_row
+from llamacy.kernels.ops cimport (KV_F16, KV_F32, KV_Q4_0, KV_Q8_0, N_KV_FORMATS, attend_group, kv_row_bytes,
+                                  rmsnorm, rope, rope_table, store_kv_row)
 from llamacy.kernels.parallel cimport parallel_for
 
 from llamacy.kernels.matmul import operands
@@ -104,65 +106,139 @@ def py_rope(float[:, ::1] x, Py_ssize_t n_rot, float pos, float base, int mode):
     rope(&x[0, 0], x.shape[0], x.shape[1], n_rot, &c[0], mode)
 
 
-def _attn_cache(K, V):
-    """K, V as contiguous 2-D arrays of one cache type, and whether it is half precision."""
+# The row formats of ops.pxd by kv_types name (tests hold llamacy.model.kv_types to these numbers).
+KV_FMT = {"f32": KV_F32, "f16": KV_F16, "q8_0": KV_Q8_0, "q4_0": KV_Q4_0}
+_PLAIN_FMT = {np.dtype(np.float32): KV_F32, np.dtype(np.float16): KV_F16}
+
+
+def py_kv_row_bytes(int kv_fmt, Py_ssize_t head_dim):
+    """Bytes of one cached row (ops.kv_row_bytes), after the checks its callers make."""
+    if not 0 <= kv_fmt < N_KV_FORMATS:
+        raise ValueError(f"unknown KV row format {kv_fmt}")
+    if kv_fmt >= KV_Q8_0 and head_dim % 32:
+        raise ValueError("quantized KV rows need a head_dim that is a multiple of 32")
+    return kv_row_bytes(kv_fmt, head_dim)
+
+
+def _attn_cache(K, V, Py_ssize_t head_dim, int kv_fmt):
+    """K, V as contiguous 2-D arrays of one cache format, and that format.
+
+    float32 / float16 arrays [positions, head_dim] give their own format (kv_fmt must be -1 or it); rows of
+    a quantized format are uint8 arrays [positions, row bytes] with kv_fmt saying which.
+    """
     K = np.ascontiguousarray(K)
     V = np.ascontiguousarray(V)
-    if K.dtype != V.dtype or K.dtype not in (np.float32, np.float16) or K.ndim != 2 or V.ndim != 2:
-        raise ValueError("K and V must be 2-D, both float32 or both float16")
+    if K.dtype != V.dtype or K.ndim != 2 or V.ndim != 2:
+        raise ValueError("K and V must be 2-D, both float32, both float16 or both uint8 (quantized rows)")
     if K.shape != V.shape or K.shape[1] == 0:
         raise ValueError("K and V must have the same non-empty shape")
-    return K, V, K.dtype == np.float16
+    if K.dtype == np.uint8:
+        if kv_fmt < KV_Q8_0:
+            raise ValueError("uint8 K and V need a quantized kv_fmt")
+    elif K.dtype in _PLAIN_FMT:
+        if kv_fmt not in (-1, _PLAIN_FMT[K.dtype]):
+            raise ValueError("kv_fmt does not match the dtype of K and V")
+        kv_fmt = _PLAIN_FMT[K.dtype]
+    else:
+        raise ValueError("K and V must be float32, float16, or uint8 rows of a quantized format")
+    if K.shape[1] * K.itemsize != py_kv_row_bytes(kv_fmt, head_dim):
+        raise ValueError("head_dim mismatch")
+    return K, V, kv_fmt
 
 
-def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
-    """K, V: [positions, head_dim] float32, or float16 (a half-precision cache)."""
-    K, V, kv_f16 = _attn_cache(K, V)
+def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0,
+              int kv_fmt=-1):
+    """K, V: [positions, head_dim] float32 or float16, or [positions, row bytes] uint8 rows of kv_fmt
+    (ops.KV_Q8_0, KV_Q4_0: py_store_kv_rows writes them)."""
+    K, V, fmt = _attn_cache(K, V, q.shape[0], kv_fmt)
     if not (0 <= first <= last < K.shape[0]):
         raise ValueError("bad attention range")
-    if q.shape[0] != K.shape[1]:
-        raise ValueError("head_dim mismatch")
-    cdef bint f16 = kv_f16
+    cdef int f = fmt
     cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
     cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
     scores = np.empty(K.shape[0], dtype=np.float32)
-    out = np.empty(K.shape[1], dtype=np.float32)
+    out = np.empty(q.shape[0], dtype=np.float32)
     cdef float[::1] s = scores, o = out
-    attend_group(&q[0], &kb[0], &vb[0], first, last, K.shape[1], 1, scale, softcap, &s[0], K.shape[0], &o[0],
-                 f16)
+    attend_group(&q[0], &kb[0], &vb[0], first, last, q.shape[0], 1, scale, softcap, &s[0], K.shape[0], &o[0],
+                 f)
     return out
 
 
-def py_attend_group(float[:, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0):
+def py_attend_group(float[:, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0,
+                    int kv_fmt=-1):
     """q: [heads, head_dim], the query heads of one KV group; K, V as for py_attend.
 
     Returns [heads, head_dim]: each row what py_attend gives for that head, bit for bit.
     """
-    K, V, kv_f16 = _attn_cache(K, V)
+    if q.shape[0] == 0:
+        raise ValueError("q must be [heads >= 1, head_dim]")
+    K, V, fmt = _attn_cache(K, V, q.shape[1], kv_fmt)
     if not (0 <= first <= last < K.shape[0]):
         raise ValueError("bad attention range")
-    if q.shape[0] == 0 or q.shape[1] != K.shape[1]:
-        raise ValueError("q must be [heads >= 1, head_dim]")
-    cdef bint f16 = kv_f16
+    cdef int f = fmt
     cdef Py_ssize_t ss = K.shape[0]  # each head's scores row: one float per cached position
     cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
     cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
     scores = np.empty(q.shape[0] * ss, dtype=np.float32)
-    out = np.empty((q.shape[0], K.shape[1]), dtype=np.float32)
+    out = np.empty((q.shape[0], q.shape[1]), dtype=np.float32)
     cdef float[::1] s = scores
     cdef float[:, ::1] o = out
-    attend_group(&q[0, 0], &kb[0], &vb[0], first, last, K.shape[1], q.shape[0], scale, softcap, &s[0], ss,
-                 &o[0, 0], f16)
+    attend_group(&q[0, 0], &kb[0], &vb[0], first, last, q.shape[1], q.shape[0], scale, softcap, &s[0], ss,
+                 &o[0, 0], f)
     return out
 
 
-def py_store_kv_row(float[::1] x, bint kv_f16):
-    """x as store_kv_row writes it into a cache of that type (float32 or float16 array)."""
-    out = np.empty(x.shape[0], dtype=np.float16 if kv_f16 else np.float32)
-    cdef uint8_t[::1] ob = out.view(np.uint8)
+def py_store_kv_row(float[::1] x, int kv_fmt):
+    """x as store_kv_row writes it into a cache of that format: a float32 or float16 array, or the row's
+    bytes (uint8) for a quantized format."""
+    cdef Py_ssize_t nb = py_kv_row_bytes(kv_fmt, x.shape[0])
+    out = np.empty(nb, dtype=np.uint8)
+    cdef uint8_t[::1] ob = out
     if x.shape[0]:
-        store_kv_row(&ob[0], &x[0], x.shape[0], kv_f16)
+        store_kv_row(&ob[0], &x[0], x.shape[0], kv_fmt)
+    return out.view({KV_F32: np.float32, KV_F16: np.float16}.get(kv_fmt, np.uint8))
+
+
+def py_store_kv_rows(float[:, ::1] X, int kv_fmt):
+    """Each row of X (positions x head_dim) through store_kv_row: [positions, row bytes] uint8."""
+    cdef Py_ssize_t rb = py_kv_row_bytes(kv_fmt, X.shape[1]), i
+    out = np.zeros((X.shape[0], rb), dtype=np.uint8)
+    cdef uint8_t[:, ::1] ob = out
+    if X.shape[1]:
+        for i in range(X.shape[0]):
+            store_kv_row(&ob[i, 0], &X[i, 0], X.shape[1], kv_fmt)
     return out
+
+
+def time_attend_decode(float[:, ::1] q, const uint8_t[:, ::1] K, const uint8_t[:, ::1] V, Py_ssize_t n_kv,
+                       Py_ssize_t last, int kv_fmt, Py_ssize_t steps):
+    """Seconds per step of decode-style attention (benchmarks/bench_attention.py), one time per step.
+
+    K and V: [caches, positions * row bytes], one KV head's cache per row. Each step is one token of one
+    layer: the q.shape[0] query heads split evenly over n_kv KV heads, each KV head's group attending over
+    positions 0..last of its own cache. Successive steps take successive caches (wrapping around), so with
+    more cache bytes than the last-level cache holds, every step reads its rows from memory, as decode does.
+    """
+    cdef Py_ssize_t hd = q.shape[1], G = q.shape[0] // n_kv, rb = py_kv_row_bytes(kv_fmt, q.shape[1])
+    if n_kv < 1 or q.shape[0] % n_kv or K.shape[0] < n_kv or K.shape[0] != V.shape[0]:
+        raise ValueError("q.shape[0] must split evenly over n_kv <= caches KV heads")
+    if last < 0 or K.shape[1] < (last + 1) * rb or V.shape[1] != K.shape[1]:
+        raise ValueError("each cache must hold last + 1 rows")
+    scores = np.empty(q.shape[0] * (last + 1), dtype=np.float32)
+    out = np.empty((q.shape[0], hd), dtype=np.float32)
+    times = np.empty(steps, dtype=np.float64)
+    cdef float[::1] s = scores
+    cdef float[:, ::1] o = out
+    cdef Py_ssize_t step, h, c = 0
+    for step in range(steps):
+        t0 = time.perf_counter()
+        with nogil:
+            for h in range(n_kv):
+                attend_group(&q[h * G, 0], &K[c, 0], &V[c, 0], 0, last, hd, G, 0.125, 0.0,
+                             &s[h * G * (last + 1)], last + 1, &o[h * G, 0], kv_fmt)
+                c = c + 1 if c + 1 < K.shape[0] else 0
+        times[step] = time.perf_counter() - t0
+    return times
 
 
 # Streaming read bandwidth (benchmarks/bench_memory.py): the thread team reads a buffer once, in one

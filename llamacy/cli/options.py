@@ -15,7 +15,10 @@ MODEL = typer.Option(
 THREADS = typer.Option(None, "--threads", "-t", help="Threads for the math (default: all available cores).")
 CTX = typer.Option(None, "--ctx-size", "-c", help="Context size in tokens (default: min(model's, 4096)).")
 KV_TYPE = typer.Option(
-    "f16", "--kv-type", help="KV cache values: f16 (half the memory and reads) or f32 (exact)."
+    "f16",
+    "--kv-type",
+    help="KV cache rows: f16 (default), f32 (exact), q8_0 or q4_0 (quantized blocks: about a half and a "
+    "quarter of f16's memory; head size a multiple of 32).",
 )
 SPECULATE = typer.Option(
     None,

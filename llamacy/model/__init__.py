@@ -10,13 +10,13 @@ import numpy as np
 from llamacy.errors import UnsupportedModelError
 from llamacy.model.archs import ARCHITECTURES, config_from_metadata
 from llamacy.model.config import ModelConfig
-from llamacy.model.memory import DEFAULT_KV_TYPE, KV_TYPES, Memory
+from llamacy.model.memory import DEFAULT_KV_TYPE, KV_TYPE_NAMES, Memory
 from llamacy.model.weights import ModelWeights
 
 __all__ = [
     "ARCHITECTURES",
     "DEFAULT_KV_TYPE",
-    "KV_TYPES",
+    "KV_TYPE_NAMES",
     "Memory",
     "Model",
     "ModelConfig",

@@ -152,7 +152,7 @@ class ModelConfig:
         return list(groups.values())
 
     def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16", ubatch: int = 256) -> int:
-        """Memory of the K/V rows of kv_type (kv_types.KV_TYPES) for n_ctx positions of n_seq sequences:
+        """Memory of the K/V rows of kv_type (kv_types.KV_TYPE_NAMES) for n_ctx positions of n_seq sequences:
         a sliding-window layer holds only its window (memory.py's ring), a layer without attention none."""
         row = kv_row_bytes(kv_type, self.head_dim)
         slots = sum(kv_slots(spec, n_ctx, ubatch) for spec in self.layers)

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llamacy.model.config import MEMORY_NONE, kv_slots, ring_size
-from llamacy.model.kv_types import DEFAULT_KV_TYPE, KV_TYPES, kv_format, kv_row_bytes
+from llamacy.model.kv_types import DEFAULT_KV_TYPE, KV_TYPE_NAMES, kv_format, kv_row_bytes
 
 if TYPE_CHECKING:
     from llamacy.model.config import ModelConfig
 
-__all__ = ["DEFAULT_KV_TYPE", "KV_TYPES", "LayerMemory", "Memory", "RollbackError"]
+__all__ = ["DEFAULT_KV_TYPE", "KV_TYPE_NAMES", "LayerMemory", "Memory", "RollbackError"]
 
 
 class RollbackError(ValueError):

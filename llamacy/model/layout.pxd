@@ -82,6 +82,19 @@ ctypedef struct LayerT:
     Py_ssize_t window        # sliding-window size in positions; 0 = attends to the whole context
     float rope_base
     float rope_freq_scale
+    # The layer's own shapes (LayerSpec): KV heads, head size, rotary dimensions.
+    Py_ssize_t n_head_kv
+    Py_ssize_t head_dim
+    Py_ssize_t n_rot
+    int kv_shared            # 1: Q only, attending over an earlier layer's K/V rows (Gemma 4)
+    int v_norm               # 1: V rows RMS-normed without a weight (Gemma 4); V = K where wv has rows 0
+    int rope_freqs           # 1: the model's rope_freqs divide this layer's frequencies
+    const float* out_scale   # [1]: the layer's output (the whole residual stream) scaled (NULL: none)
+    # Per-layer embeddings (per_layer_embd.pyx; rows 0 = none): gate [n_embd_per_layer, n_embd], projection
+    # [n_embd, n_embd_per_layer], its post-norm.
+    WeightT inp_gate
+    WeightT proj
+    const float* pe_post_norm
 
 # Activations of one micro-batch, row-major [n, width].
 ctypedef struct Scratch:

@@ -180,7 +180,7 @@ class Gemma4(Architecture):
             vec("k_norm", T.ATTN_K_NORM, il, HD, optional=shared),
             vec("post_attn_norm", T.ATTN_POST_NORM, il, E),
             vec("out_scale", T.LAYER_OUT_SCALE, il, 1, optional=True),
-            vec("ffn_norm", T.FFN_NORM, il, E),
+            vec("ffn_norm", T.FFN_PRE_NORM, il, E),  # the gguf table's name for the pre-FFN norm
             mat("gate", T.FFN_GATE, il, F, E),
             mat("up", T.FFN_UP, il, F, E),
             mat("down", T.FFN_DOWN, il, E, F),

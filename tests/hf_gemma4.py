@@ -23,6 +23,12 @@ from gguf import GGUFWriter
 
 TEXT = "model.language_model."
 # Layers 0..5: sliding, sliding, full, sliding, sliding, full; the last two share the K/V of layers 3 and 2.
+# The 26B-A4B form, tiny: every layer a dense FFN plus 4 experts (2 per token); no shared KV, no per-layer
+# embeddings (as the 26B's config).
+MOE = {
+    "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32,
+    "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "hidden_size_per_layer_input": 0,
+}  # fmt: skip
 LAYER_TYPES = ["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]
 
 
@@ -121,6 +127,19 @@ def write_gemma4_hf_model(directory: Path, *, dtype: str = "f32", seed: int = 0,
         w[p + "mlp.up_proj.weight"] = linear(s["n_ff"], E)
         w[p + "mlp.down_proj.weight"] = linear(E, s["n_ff"])
         w[p + "post_feedforward_layernorm.weight"] = norm(E)
+        if c["enable_moe_block"]:  # Gemma4TextRouter, Gemma4TextExperts and the extra norms
+            NE, FE = c["num_experts"], c["moe_intermediate_size"]
+            w[p + "router.proj.weight"] = linear(NE, E) * np.float32(4.0)  # routing well away from ties
+            w[p + "router.scale"] = norm(E)
+            w[p + "router.per_expert_scale"] = rng.uniform(0.5, 1.5, NE).astype(np.float32)
+            w[p + "experts.gate_up_proj"] = np.stack([linear(2 * FE, E) for _ in range(NE)])
+            w[p + "experts.down_proj"] = np.stack([linear(E, FE) for _ in range(NE)])
+            for n in (
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_1",
+                "post_feedforward_layernorm_2",
+            ):
+                w[p + n + ".weight"] = norm(E)
         w[p + "layer_scalar"] = rng.uniform(0.5, 1.5, 1).astype(np.float32)
         if P:
             w[p + "per_layer_input_gate.weight"] = linear(P, E)
@@ -229,6 +248,8 @@ def gemma4_logits(c: dict[str, Any], weights: dict[str, np.ndarray], ids: list[i
         m = (_gelu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[
             p + "mlp.down_proj.weight"
         ].T
+        if c.get("enable_moe_block"):
+            m = _rms(m, W[p + "post_feedforward_layernorm_1.weight"], eps) + _moe(c, W, p, x, eps)
         x = x + _rms(m, W[p + "post_feedforward_layernorm.weight"], eps)
         if P:
             g = _gelu(x @ W[p + "per_layer_input_gate.weight"].T) * ple[:, il]
@@ -240,6 +261,24 @@ def gemma4_logits(c: dict[str, Any], weights: dict[str, np.ndarray], ids: list[i
     logits = x @ W["embed_tokens.weight"].T
     cap = c.get("final_logit_softcapping")
     return cap * np.tanh(logits / cap) if cap else logits
+
+
+def _moe(c: dict[str, Any], W: dict[str, np.ndarray], p: str, x: np.ndarray, eps: float) -> np.ndarray:
+    """Gemma4TextRouter + Gemma4TextExperts on the residual x, post-normed (post_feedforward_layernorm_2)."""
+    E, K, FE = c["hidden_size"], c["top_k_experts"], c["moe_intermediate_size"]
+    r = _rms(x, None, eps) * W[p + "router.scale"] * np.float64(E) ** -0.5
+    logits = r @ W[p + "router.proj.weight"].T
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    h = _rms(x, W[p + "pre_feedforward_layernorm_2.weight"], eps)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = np.argsort(-probs[t], kind="stable")[:K]
+        wts = probs[t, top] / probs[t, top].sum() * W[p + "router.per_expert_scale"][top]
+        for e, wt in zip(top, wts, strict=True):
+            gu = W[p + "experts.gate_up_proj"][e] @ h[t]
+            out[t] += wt * (W[p + "experts.down_proj"][e] @ (_gelu(gu[:FE]) * gu[FE:]))
+    return _rms(out, W[p + "post_feedforward_layernorm_2.weight"], eps)
 
 
 # -- llama.cpp's conversion, by hand ------------------------------------------------------------------
@@ -269,6 +308,14 @@ LAYER_NAMES = {
     "per_layer_input_gate.weight": "inp_gate.weight",
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
 }
 
 
@@ -323,6 +370,10 @@ def write_llama_cpp_gguf(
     w.add_shared_kv_layers(c["num_kv_shared_layers"])
     w.add_embedding_length_per_layer_input(c["hidden_size_per_layer_input"])
     w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    if c.get("enable_moe_block"):
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["top_k_experts"])
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     w.add_file_type(int(wtype))
     vocab = _spm_vocab("gemma3")
     _pad_vocab(vocab, c["vocab_size"])

@@ -260,6 +260,13 @@ class HFSource(Source):
             transform = lambda w: w + np.float32(1.0)  # noqa: E731
 
         def read_rows(start: int, stop: int) -> np.ndarray:
+            if transform is None and len(shape) > 2:
+                # A stacked 3-D tensor (Gemma 4's experts): rows start..stop of its [-1, cols] view, read
+                # from the slabs of its first axis that hold them.
+                per = math.prod(shape[1:-1])
+                first, last = start // per, -(-stop // per)
+                slab = self.checkpoint.read(hf_name, slice(first, last)).reshape(-1, shape[-1])
+                return slab[start - first * per : stop - first * per]
             if transform is None and len(shape) > 1:
                 return self.checkpoint.read(hf_name, slice(start, stop))
             # A 1-D tensor is one row; the Q/K permutation moves rows: read those whole.

@@ -10,7 +10,8 @@ from libc.stdint cimport uint8_t
 from libc.stdlib cimport calloc, free
 
 from llamacy.kernels.quant cimport act_format
-from llamacy.model.layout cimport FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION, MIXER_NONE
+from llamacy.model.layout cimport (FFN_DENSE_MOE, FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION,
+                                   MIXER_NONE)
 
 cdef LayerT _probe
 
@@ -26,7 +27,7 @@ MATRICES = {
     "gate_inp": _at(&_probe.gate_inp), "gate_exps": _at(&_probe.gate_exps), "up_exps": _at(&_probe.up_exps),
     "down_exps": _at(&_probe.down_exps), "gate_shexp": _at(&_probe.gate_shexp),
     "up_shexp": _at(&_probe.up_shexp), "down_shexp": _at(&_probe.down_shexp),
-    "inp_gate": _at(&_probe.inp_gate), "proj": _at(&_probe.proj),
+    "inp_gate": _at(&_probe.inp_gate), "proj": _at(&_probe.proj), "gate_up_exps": _at(&_probe.gate_up_exps),
 }
 VECTORS = {
     "attn_norm": _at(&_probe.attn_norm), "attn_norm_b": _at(&_probe.attn_norm_b),
@@ -36,13 +37,16 @@ VECTORS = {
     "ffn_norm_b": _at(&_probe.ffn_norm_b), "post_ffn_norm": _at(&_probe.post_ffn_norm),
     "gate_inp_shexp": _at(&_probe.gate_inp_shexp), "bo": _at(&_probe.bo), "up_b": _at(&_probe.up_b),
     "down_b": _at(&_probe.down_b), "out_scale": _at(&_probe.out_scale),
-    "pe_post_norm": _at(&_probe.pe_post_norm),
+    "pe_post_norm": _at(&_probe.pe_post_norm), "gate_inp_scale": _at(&_probe.gate_inp_scale),
+    "down_exps_scale": _at(&_probe.down_exps_scale), "pre_ffn_norm_2": _at(&_probe.pre_ffn_norm_2),
+    "post_ffn_norm_1": _at(&_probe.post_ffn_norm_1), "post_ffn_norm_2": _at(&_probe.post_ffn_norm_2),
 }
 # LayerT's fields set from the layer's recipe rather than from tensors.
 SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale", "n_head_kv", "head_dim", "n_rot",
             "kv_shared", "v_norm", "rope_freqs")
 _MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION}
-_FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE}
+_FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE,
+         "dense_moe": FFN_DENSE_MOE}
 # Model-level fields BoundWeights reads.
 MODEL_FIELDS = ("token_embd", "output", "output_norm", "output_norm_b", "rope_freqs",
                 "per_layer_token_embd", "per_layer_model_proj", "per_layer_proj_norm")
@@ -112,8 +116,13 @@ cdef class BoundWeights:
             missing.append("attention")
         if L.ffn != FFN_NONE and L.ffn_norm == NULL:
             missing.append("ffn_norm")
-        if L.ffn == FFN_GATED and not (L.gate.rows and L.up.rows and L.down.rows):
+        if (L.ffn == FFN_GATED or L.ffn == FFN_DENSE_MOE) and not (L.gate.rows and L.up.rows and L.down.rows):
             missing.append("gated feed-forward")
+        if L.ffn == FFN_DENSE_MOE and not (
+                L.gate_inp.rows and L.down_exps.rows and (L.gate_up_exps.rows or (L.gate_exps.rows and L.up_exps.rows))
+                and L.gate_inp_scale != NULL and L.pre_ffn_norm_2 != NULL and L.post_ffn_norm_1 != NULL
+                and L.post_ffn_norm_2 != NULL):
+            missing.append("experts")
         if L.ffn == FFN_UNGATED and not (L.up.rows and L.down.rows):
             missing.append("feed-forward")
         if L.ffn == FFN_MOE and not (L.gate_inp.rows and L.gate_exps.rows and L.up_exps.rows

@@ -20,7 +20,8 @@ ROPE_NEOX = 2  # rotate halves: qwen2/3, gemma3, nemotron
 # Block kinds (the layer loop dispatches on them; layout.pxd has their C twins, in the same order).
 NORMS = ("rms", "layer")  # RMSNorm; LayerNorm with bias
 MIXERS = ("none", "attention")  # attention: full, or sliding-window when the layer's window > 0
-FFNS = ("none", "gated", "ungated", "moe")  # moe: plus a shared expert when n_ff_shexp > 0
+# moe: plus a shared expert when n_ff_shexp > 0; dense_moe: a gated FFN and a mixture summed (Gemma 4)
+FFNS = ("none", "gated", "ungated", "moe", "dense_moe")
 ACTIVATIONS = ("silu", "gelu", "relu2")  # gelu: the tanh approximation; relu2: relu(x)^2
 # What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only, or
 # nothing of its own because it reads an earlier layer's K/V (Gemma 4's shared-KV layers).

@@ -22,8 +22,10 @@ from llamacy.kernels.ops cimport scale_inplace
 from llamacy.kernels.quant cimport dequantize_row
 from llamacy.model.attention cimport AttnJob, attention_mixer, warm_kv
 from llamacy.model.binding cimport BoundWeights
+from llamacy.model.dense_moe cimport dense_moe_ffn
 from llamacy.model.ffn cimport dense_ffn
-from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_MOE, FFN_NONE, HParams, KVRows, LayerT,
+from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_DENSE_MOE, FFN_MOE, FFN_NONE, HParams,
+                                   KVRows, LayerT,
                                    MIXER_ATTENTION, NORM_LAYER, NORM_RMS, Scratch, WeightT)
 from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
 from llamacy.model.norms cimport norm_row
@@ -106,8 +108,9 @@ cdef class Forward:
         # Sized for the widest layer. A mixture-of-experts model has no dense feed-forward: its activations
         # are MoeSpace's.
         wide = cfg.widest()
+        only_moe = cfg.n_expert and all(f == "moe" for f in cfg.layer_ffn)
         self.scratch = ScratchSpace(cfg.n_embd, wide["q"], wide["kv"], wide["group"],
-                                    1 if cfg.n_expert else wide["n_ff"], wide["n_rot"], ubatch, n_ctx_max,
+                                    1 if only_moe else wide["n_ff"], wide["n_rot"], ubatch, n_ctx_max,
                                     threads_max)
         self.rj.hp = &self.hp
         self.rj.s = &self.scratch.s
@@ -289,6 +292,8 @@ cdef class Forward:
                     lap(pr, P_ELEM)
                     moe_ffn(self.mj, rj, L, s.xn, s.aq, s.o, n, nthreads)
                     lap(pr, P_MOE)
+                elif L.ffn == FFN_DENSE_MOE:
+                    dense_moe_ffn(pr, self.mj, L, s, E, n, nthreads)
                 else:
                     dense_ffn(pr, L, s, E, n, nthreads)
                 residual_rows(rj, s.x, s.o, L.post_ffn_norm, NULL, NULL, NULL, E, n, nthreads)

@@ -13,7 +13,7 @@
 - Per-layer embeddings (embedding_length_per_layer_input > 0: E2B, E4B): per_layer_embd.pyx.
 Norm weights are used as stored (Gemma 4's RMSNorm multiplies by w, not 1 + w: no offset at conversion).
 
-The mixture-of-experts form (26B-A4B) is refused for now.
+The mixture-of-experts form (26B-A4B): each layer's dense FFN and its experts summed (dense_moe.pyx).
 """
 
 from __future__ import annotations
@@ -25,7 +25,16 @@ import numpy as np
 from gguf import MODEL_TENSOR as T
 
 from llamacy.errors import UnsupportedModelError
-from llamacy.model.archs.base import Architecture, TensorSpec, mat, output_tensors, vec
+from llamacy.model.archs.base import (
+    EXPERTS,
+    Architecture,
+    TensorSpec,
+    experts,
+    mat,
+    output_tensors,
+    tensor_name,
+    vec,
+)
 from llamacy.model.archs.gemma4_hf import HF_SPECS
 from llamacy.model.config import ROPE_NEOX, MetadataReader, ModelConfig
 
@@ -66,8 +75,17 @@ class Gemma4(Architecture):
 
     def config(self, md: dict[str, Any], source: str) -> ModelConfig:
         r = MetadataReader(md, ARCH, source)
-        if r.int("expert_count", 0, minimum=0, maximum=4096):
-            raise UnsupportedModelError(f"{source}: Gemma 4 mixture-of-experts models are not supported yet")
+        # 26B-A4B: every layer a dense FFN plus the experts (llama.cpp: a layer with ffn_gate_inp), routed
+        # weights renormalised over the chosen k.
+        n_expert = r.int("expert_count", 0, minimum=0, maximum=4096)
+        moe: dict[str, Any] = {}
+        if n_expert:
+            moe = dict(
+                n_expert=n_expert,
+                n_expert_used=r.int("expert_used_count", maximum=n_expert),
+                n_ff_exp=r.int("expert_feed_forward_length"),
+                expert_norm=True,
+            )
         n_layer = r.int("block_count", maximum=4096)
         n_embd = r.int("embedding_length")
         n_head = r.int("attention.head_count")
@@ -144,6 +162,8 @@ class Gemma4(Architecture):
             layer_rope_freqs=[not s for s in swa],
             v_norm=True,
             n_embd_per_layer=r.int("embedding_length_per_layer_input", 0, minimum=0),
+            layer_ffn=["dense_moe" if moe else "gated"] * n_layer,
+            **moe,
         )
 
     def model_tensors(self, cfg: ModelConfig) -> list[TensorSpec]:
@@ -186,6 +206,26 @@ class Gemma4(Architecture):
             mat("down", T.FFN_DOWN, il, E, F),
             vec("post_ffn_norm", T.FFN_POST_NORM, il, E),
         ]
+        if spec.ffn == "dense_moe":
+            NE, FE = cfg.n_expert, cfg.n_ff_exp
+            fused = tensor_name(T.FFN_GATE_UP_EXP, il)
+            specs += [
+                mat("gate_inp", T.FFN_GATE_INP, il, NE, E),
+                vec("gate_inp_scale", T.FFN_GATE_INP, il, E, suffix="scale"),
+                vec("pre_ffn_norm_2", T.FFN_PRE_NORM_2, il, E),
+                vec("post_ffn_norm_1", T.FFN_POST_NORM_1, il, E),
+                vec("post_ffn_norm_2", T.FFN_POST_NORM_2, il, E),
+                # gate and up as one stacked tensor, or (older files) as two
+                TensorSpec("gate_up_exps", fused, EXPERTS, (NE, 2 * FE, E), True, T.FFN_GATE_UP_EXP),
+                TensorSpec(
+                    "gate_exps", tensor_name(T.FFN_GATE_EXP, il), EXPERTS, (NE, FE, E), True, T.FFN_GATE_EXP
+                ),
+                TensorSpec(
+                    "up_exps", tensor_name(T.FFN_UP_EXP, il), EXPERTS, (NE, FE, E), True, T.FFN_UP_EXP
+                ),
+                experts("down_exps", T.FFN_DOWN_EXP, il, NE, E, FE),
+                vec("down_exps_scale", T.FFN_DOWN_EXP, il, NE, optional=True, suffix="scale"),
+            ]
         if P:
             specs += [
                 mat("inp_gate", T.PER_LAYER_INP_GATE, il, P, E),

@@ -8,8 +8,10 @@ the conventions of llama.cpp's convert_hf_to_gguf.py (Gemma4Model):
   use_double_wide_mlp doubles the shared-KV layers' width; sliding_window_pattern a per-layer array;
 - rope.dimension_count is the full head size, with rope_freqs (1 for the rotated pairs, 1e30 for the rest)
   giving the full layers' "proportional" RoPE; rope.dimension_count_swa = head_dim * partial_rotary_factor.
-What the engine would compute differently is refused: the mixture-of-experts form, other activations, other
-RoPE types, attention biases, bidirectional attention.
+- the mixture-of-experts form (26B-A4B): router.proj -> ffn_gate_inp, router.scale -> ffn_gate_inp.scale,
+  router.per_expert_scale -> ffn_down_exps.scale, experts.gate_up_proj / down_proj as stored (3-D);
+What the engine would compute differently is refused: other activations, other RoPE types, attention biases,
+bidirectional attention.
 """
 
 from __future__ import annotations
@@ -67,10 +69,14 @@ def _layer(c: HFConfig, il: int) -> dict[str, Any]:
     }
 
 
+def _moe(c: HFConfig) -> bool:
+    return bool(c.get("enable_moe_block", False))
+
+
 def _check(c: HFConfig) -> None:
     check_act(c, "hidden_activation", "gelu_pytorch_tanh", fallback_key="hidden_act")
-    if c.get("enable_moe_block", False) or c.get("num_experts"):
-        raise UnsupportedModelError(f"{c.path}: Gemma 4 mixture-of-experts models are not supported yet")
+    if _moe(c) and not 1 <= int(c.get("top_k_experts") or 0) <= int(c.get("num_experts") or 0):
+        raise UnsupportedModelError(f"{c.path}: top_k_experts must be 1..num_experts")
     if c.get("attention_bias", False):
         raise UnsupportedModelError(f"{c.path}: Gemma 4 attention biases are not supported")
     if c.get("use_bidirectional_attention") == "all":
@@ -115,7 +121,25 @@ def _layer_shapes(c: HFConfig, il: int) -> dict[str, tuple[int, ...] | None]:
         "inp_gate.weight": (P, E) if P else None,
         "proj.weight": (E, P) if P else None,
         "post_norm.weight": (E,) if P else None,
+        **_moe_shapes(c),
     }
+
+
+def _moe_shapes(c: HFConfig) -> dict[str, tuple[int, ...] | None]:
+    """Gemma4TextRouter / Gemma4TextExperts as llama.cpp's converter writes them (3-D experts as stored)."""
+    moe = _moe(c)
+    E, NE, FE = c.n_embd, int(c.get("num_experts") or 0), int(c.get("moe_intermediate_size") or 0)
+    shapes: dict[str, tuple[int, ...]] = {
+        "ffn_gate_inp.weight": (NE, E),
+        "ffn_gate_inp.scale": (E,),
+        "ffn_down_exps.scale": (NE,),
+        "ffn_gate_up_exps.weight": (NE, 2 * FE, E),
+        "ffn_down_exps.weight": (NE, E, FE),
+        "pre_ffw_norm_2.weight": (E,),
+        "post_ffw_norm_1.weight": (E,),
+        "post_ffw_norm_2.weight": (E,),
+    }
+    return {k: v if moe else None for k, v in shapes.items()}
 
 
 def _layer_optional(c: HFConfig, il: int) -> frozenset[str]:
@@ -159,6 +183,10 @@ def _overrides(c: HFConfig) -> dict[str, Any]:
 
 def _metadata(w: GGUFWriter, c: HFConfig) -> None:
     sliding = _sliding(c)
+    if _moe(c):
+        w.add_expert_count(int(c.get("num_experts")))
+        w.add_expert_used_count(int(c.get("top_k_experts")))
+        w.add_expert_feed_forward_length(int(c.get("moe_intermediate_size")))
     w.add_shared_kv_layers(int(c.get("num_kv_shared_layers", 0)))
     w.add_embedding_length_per_layer_input(int(c.get("hidden_size_per_layer_input", 0) or 0))
     w.add_sliding_window_pattern(sliding)
@@ -184,6 +212,14 @@ _LAYERS = {
     "per_layer_input_gate.weight": "inp_gate.weight",
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
 }
 _GLOBALS = {
     "model.embed_tokens.weight": "token_embd.weight",

@@ -179,6 +179,8 @@ class ModelConfig:
             return dense, dense
         expert, shared = 3 * self.n_embd * self.n_ff_exp, 3 * self.n_embd * self.n_ff_shexp
         fixed = self.n_expert * self.n_embd + shared + (self.n_embd if self.n_ff_shexp else 0)
+        if "dense_moe" in self.layer_ffn:  # Gemma 4: a dense gated FFN beside the experts
+            fixed += 3 * self.n_embd * self.n_ff
         return fixed + self.n_expert * expert, fixed + self.n_expert_used * expert
 
     def layer_mix(self, n_ctx: int, ubatch: int = 256) -> list[dict[str, Any]]:

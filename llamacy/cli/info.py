@@ -129,7 +129,9 @@ def _layer_mix(d: dict[str, Any]) -> str:
             what = f"sliding-window attention ({g['window']})"
         kept = (
             f"keeps {g['positions']} of {d['ctx_size']} positions"
-            if g["memory"] != "none"
+            if g["memory"] not in ("none", "shared")
+            else "reads an earlier layer's K/V, keeps nothing"
+            if g["memory"] == "shared"
             else "keeps nothing"
         )
         parts.append(f"{g['count']} × {what} + {g['ffn']} FFN, {kept}")

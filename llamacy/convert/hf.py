@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def load_config(directory: Path) -> tuple[HFConfig, ArchSpec]:
             f"{path}: architecture {', '.join(classes) or '(none)'} is not supported "
             f"(supported: {', '.join(known)})"
         )
-    config = HFConfig(path, raw)
+    config = HFConfig(path, spec.config_view(raw))
     spec.check(config)
     return config, spec
 
@@ -90,6 +91,7 @@ class HFSource(Source):
 
     def _gguf_name(self, hf_name: str) -> str | None:
         """The GGUF name of a checkpoint tensor; None for tensors that are not written."""
+        hf_name = self.spec.rename(hf_name)
         if _IGNORED.search(hf_name) or (hf_name == "lm_head.weight" and self.tied):
             return None
         if hf_name in self.spec.global_map:
@@ -147,10 +149,14 @@ class HFSource(Source):
         if self.spec.experts:
             suffixes += [f"{stem}.weight" for stem in self.spec.experts.projections.values()]
         # In the order the file gets them: embeddings, layers, head (as llama.cpp's files).
-        shapes = {"token_embd.weight": (c.n_vocab, c.n_embd)}
+        shapes = {"token_embd.weight": (c.n_vocab, c.n_embd), **self.spec.global_shapes(c)}
+        self.optional: set[str] = set()
         for i in range(c.n_layer):
+            layer = {**per_layer, **self.spec.layer_shapes(c, i)}
+            self.optional |= {f"blk.{i}.{s}" for s in self.spec.layer_optional(c, i)}
             for suffix in suffixes:
-                shapes[f"blk.{i}.{suffix}"] = per_layer[suffix]
+                if layer[suffix] is not None:
+                    shapes[f"blk.{i}.{suffix}"] = layer[suffix]
         shapes["output_norm.weight"] = (c.n_embd,)
         if "output_norm.bias" in self.spec.global_map.values():
             shapes["output_norm.bias"] = per_layer["output_norm.bias"]
@@ -162,7 +168,12 @@ class HFSource(Source):
         expected = self._expected_shapes()
         found: dict[str, str] = {}  # GGUF name -> checkpoint name
         experts: dict[str, dict[int, str]] = {}  # stacked GGUF name -> expert -> checkpoint name
+        skipped: dict[str, int] = {}
         for hf_name in self.checkpoint:
+            reason = self.spec.skip(hf_name)
+            if reason is not None:
+                skipped[reason] = skipped.get(reason, 0) + 1
+                continue
             stacked = self._expert_of(hf_name)
             if stacked is not None:
                 name, e = stacked
@@ -172,6 +183,8 @@ class HFSource(Source):
             if name is None:
                 continue
             shape = self.checkpoint.tensors[hf_name].shape
+            if name not in expected:
+                raise UnsupportedModelError(f"{self.path}: tensor {hf_name!r} has no place in this model")
             if shape != expected[name]:
                 raise UsageError(
                     f"{self.path}: {hf_name} has shape {list(shape)}, config.json implies {list(expected[name])}"
@@ -180,7 +193,9 @@ class HFSource(Source):
         for name, by_expert in experts.items():
             self._check_experts(name, by_expert, expected[name])
             found[name] = by_expert[0]
-        missing = [n for n in expected if n not in found]
+        for reason, count in skipped.items():
+            print(f"{self.path}: {reason}: {count} tensors not converted", file=sys.stderr)
+        missing = [n for n in expected if n not in found and n not in self.optional]
         if missing:
             raise UsageError(
                 f"{self.path}: the checkpoint lacks {len(missing)} tensors (first: {self._hf_name(missing[0])})"
@@ -188,10 +203,13 @@ class HFSource(Source):
         tensors = [
             self._stacked(name, experts[name]) if name in experts else self._tensor(name, found[name])
             for name in expected
+            if name in found
         ]
         freqs = self._rope_freqs()
         if freqs is not None:
             tensors.insert(1, _array_tensor("rope_freqs.weight", freqs))
+        for name, values in self.spec.extra_tensors(self.config):
+            tensors.insert(1, _array_tensor(name, values))
         return tensors
 
     def _expert_of(self, hf_name: str) -> tuple[str, int] | None:
@@ -242,6 +260,13 @@ class HFSource(Source):
             transform = lambda w: w + np.float32(1.0)  # noqa: E731
 
         def read_rows(start: int, stop: int) -> np.ndarray:
+            if transform is None and len(shape) > 2:
+                # A stacked 3-D tensor (Gemma 4's experts): rows start..stop of its [-1, cols] view, read
+                # from the slabs of its first axis that hold them.
+                per = math.prod(shape[1:-1])
+                first, last = start // per, -(-stop // per)
+                slab = self.checkpoint.read(hf_name, slice(first, last)).reshape(-1, shape[-1])
+                return slab[start - first * per : stop - first * per]
             if transform is None and len(shape) > 1:
                 return self.checkpoint.read(hf_name, slice(start, stop))
             # A 1-D tensor is one row; the Q/K permutation moves rows: read those whole.
@@ -298,17 +323,18 @@ class HFSource(Source):
         w.add_context_length(c.positive("max_position_embeddings", self.spec.context_default))
         w.add_embedding_length(c.n_embd)
         w.add_block_count(c.n_layer)
-        w.add_feed_forward_length(c.n_ff)
+        ov = self.spec.overrides(c)
+        w.add_feed_forward_length(ov.get("feed_forward_length", c.n_ff))
         w.add_head_count(c.n_head)
-        w.add_head_count_kv(c.n_head_kv)
+        w.add_head_count_kv(ov.get("head_count_kv", c.n_head_kv))
         theta, scaling = c.rope()
         w.add_rope_freq_base(float(theta or self.spec.rope_theta_default))
         w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
         if self.spec.rope_dims is not None:
             w.add_rope_dimension_count(self.spec.rope_dims(c))
-        if "head_dim" in c.raw or self.spec.key_length:
-            w.add_key_length(c.head_dim)
-            w.add_value_length(c.head_dim)
+        if "key_length" in ov or "head_dim" in c.raw or self.spec.key_length:
+            w.add_key_length(ov.get("key_length", c.head_dim))
+            w.add_value_length(ov.get("key_length", c.head_dim))
         if self.n_expert:
             w.add_expert_count(self.n_expert)
             w.add_expert_used_count(c.positive("num_experts_per_tok"))

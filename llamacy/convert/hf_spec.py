@@ -110,6 +110,34 @@ def _no_layers(c: HFConfig) -> dict[str, str]:
     return {}
 
 
+def _same_config(raw: dict[str, Any]) -> dict[str, Any]:
+    return raw
+
+
+def _same_name(name: str) -> str:
+    return name
+
+
+def _not_skipped(name: str) -> str | None:
+    return None
+
+
+def _no_layer_shapes(c: HFConfig, il: int) -> dict[str, tuple[int, ...] | None]:
+    return {}
+
+
+def _no_optional(c: HFConfig, il: int) -> frozenset[str]:
+    return frozenset()
+
+
+def _no_extra(c: HFConfig) -> list[tuple[str, Any]]:
+    return []
+
+
+def _no_overrides(c: HFConfig) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """How one Hugging Face class converts: the GGUF architecture, the per-layer tensor names, the
@@ -135,6 +163,23 @@ class ArchSpec:
     vocab_size_key: bool = False  # llama writes {arch}.vocab_size
     rope_dims: Callable[[HFConfig], int] | None = None  # writes rope.dimension_count
     key_length: bool = False  # always write attention.key_length / value_length
+    # Multimodal checkpoints (Gemma 4): the text model's config.json keys (e.g. those of text_config), the
+    # checkpoint names mapped onto the text model's ("model.language_model.x" -> "model.x"), and the
+    # tensors that are not converted (a vision tower: the reason, said once on stderr; None: converted).
+    config_view: Callable[[dict[str, Any]], dict[str, Any]] = _same_config
+    rename: Callable[[str], str] = _same_name
+    skip: Callable[[str], str | None] = _not_skipped
+    # Per-layer shapes that differ from the common table's (GGUF suffix -> shape; None: the layer has no
+    # such tensor), and the suffixes a layer may lack (Gemma 4's shared-KV layers).
+    layer_shapes: Callable[[HFConfig, int], dict[str, tuple[int, ...] | None]] = _no_layer_shapes
+    layer_optional: Callable[[HFConfig, int], frozenset[str]] = _no_optional
+    # Model-level tensors beyond token_embd / output_norm / output, written after token_embd: their GGUF
+    # name -> shape; and tensors the converter generates ((GGUF name, float32 array): rope_freqs).
+    global_shapes: Callable[[HFConfig], dict[str, tuple[int, ...]]] = _no_shapes
+    extra_tensors: Callable[[HFConfig], list[tuple[str, Any]]] = _no_extra
+    # Values for the common keys where they are per-layer arrays or differ from config.json's top level:
+    # feed_forward_length, head_count_kv, key_length (written with value_length).
+    overrides: Callable[[HFConfig], dict[str, Any]] = _no_overrides
 
 
 def has_key(w: GGUFWriter, key: str) -> bool:

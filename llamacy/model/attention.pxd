@@ -10,6 +10,8 @@ ctypedef struct AttnJob:
     Py_ssize_t n_ctx      # the scores' row stride (at least the highest slot + 1)
     float rope_base       # what s.cs was last built for (reset per micro-batch)
     float rope_freq_scale
+    Py_ssize_t rope_n_rot
+    const float* rope_freqs
     # Set by attend_rows.
     Py_ssize_t window     # this layer's sliding window (0 = none)
     Py_ssize_t group      # query heads per KV head

@@ -52,7 +52,7 @@ cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize
 cdef inline void _item_heads(const AttnJob* c, Py_ssize_t item, Py_ssize_t* t, Py_ssize_t* h0,
                              Py_ssize_t* h1) noexcept nogil:
     """Item -> token t and query heads h0..h1-1: part k of one KV group (G // parts heads, or one more)."""
-    cdef Py_ssize_t per_token = c.hp.n_head_kv * c.parts, r = item % per_token
+    cdef Py_ssize_t per_token = c.kv.n_head_kv * c.parts, r = item % per_token
     cdef Py_ssize_t g0 = (r // c.parts) * c.group, k = r % c.parts
     t[0] = item // per_token
     h0[0] = g0 + k * c.group // c.parts
@@ -97,12 +97,12 @@ cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
 
 cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthreads) noexcept nogil:
     job.window = window
-    job.group = job.hp.n_head // job.hp.n_head_kv
+    job.group = job.hp.n_head // job.kv.n_head_kv
     # One item per (token, KV group): the group's heads read each cached row once. When that makes too few
     # items to keep the team busy (decoding one token: Gemma 3 270M has one group, SmolLM2 three), each
     # group splits into parts, as few as give every thread a share: items for all (a multiple of the
     # team, parts of equal size) or twice the team.
-    cdef Py_ssize_t groups = n * job.hp.n_head_kv
+    cdef Py_ssize_t groups = n * job.kv.n_head_kv
     job.parts = 1
     while job.parts < job.group and groups * job.parts < 2 * nthreads and not (
             groups * job.parts % nthreads == 0 and job.group % job.parts == 0):
@@ -116,15 +116,23 @@ cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const floa
                           int nthreads) noexcept nogil:
     """s.o[t] = the attention block of s.xn[t] for the micro-batch's n tokens; K/V rows into memory."""
     cdef const Scratch* s = aj.s
-    cdef Py_ssize_t E = aj.hp.n_embd, R = aj.hp.n_rot, t
+    cdef Py_ssize_t E = aj.hp.n_embd, R = L.n_rot, t
     cdef int fmt = -1  # q, k and v read the same quantized rows
+    if not L.rope_freqs:
+        rope_freqs = NULL
     product(pr, &L.wq, s.xn, E, n, s.q, &fmt, nthreads, P_MM_QKV)
-    product(pr, &L.wk, s.xn, E, n, s.k, &fmt, nthreads, P_MM_QKV)
-    product(pr, &L.wv, s.xn, E, n, s.v, &fmt, nthreads, P_MM_QKV)
-    # RoPE's cos/sin per token, rebuilt only when this layer's base or scale differ from the last built.
-    if L.rope_base != aj.rope_base or L.rope_freq_scale != aj.rope_freq_scale:
+    if not L.kv_shared:  # a shared-KV layer reads an earlier layer's rows
+        product(pr, &L.wk, s.xn, E, n, s.k, &fmt, nthreads, P_MM_QKV)
+        if L.wv.rows:  # else V = K (rowjobs.pyx)
+            product(pr, &L.wv, s.xn, E, n, s.v, &fmt, nthreads, P_MM_QKV)
+    # RoPE's cos/sin per token, rebuilt only when this layer's base, scale, dimensions or frequency factors
+    # differ from the last built.
+    if (L.rope_base != aj.rope_base or L.rope_freq_scale != aj.rope_freq_scale or R != aj.rope_n_rot
+            or rope_freqs != aj.rope_freqs):
         aj.rope_base = L.rope_base
         aj.rope_freq_scale = L.rope_freq_scale
+        aj.rope_n_rot = R
+        aj.rope_freqs = rope_freqs
         for t in range(n):
             rope_table(s.cs + t * R, R, aj.kv.pos[t], L.rope_base, L.rope_freq_scale, rope_freqs)
     # Biases, q/k norms, RoPE; K/V rows into memory. Then every (token, head) pair attends.
@@ -132,7 +140,7 @@ cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const floa
     lap(pr, P_ELEM)
     attend_rows(aj, L.window, n, nthreads)
     lap(pr, P_ATTN)
-    product(pr, &L.wo, s.att, aj.hp.n_head * aj.hp.head_dim, n, s.o, NULL, nthreads, P_MM_O)
+    product(pr, &L.wo, s.att, aj.hp.n_head * L.head_dim, n, s.o, NULL, nthreads, P_MM_O)
     if L.bo != NULL:
         for t in range(n):
             add_inplace(s.o + t * E, L.bo, E)

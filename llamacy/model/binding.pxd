@@ -9,6 +9,11 @@ cdef class BoundWeights:
     cdef const float* output_norm
     cdef const float* output_norm_b  # NULL unless the final norm is a LayerNorm with bias
     cdef const float* rope_freqs     # NULL when the model has none
+    # Per-layer embeddings (rows 0 / NULL: none): the table [vocab, n_layer * P], the projection of the
+    # embeddings [n_layer * P, n_embd], its norm [P].
+    cdef WeightT pl_tok_embd
+    cdef WeightT pl_model_proj
+    cdef const float* pl_proj_norm
     cdef list _keep                  # the Python objects whose buffers the pointers above point into
 
     cdef WeightT _matrix(self, object m) except *

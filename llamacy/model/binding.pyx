@@ -10,7 +10,8 @@ from libc.stdint cimport uint8_t
 from libc.stdlib cimport calloc, free
 
 from llamacy.kernels.quant cimport act_format
-from llamacy.model.layout cimport FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION, MIXER_NONE
+from llamacy.model.layout cimport (FFN_DENSE_MOE, FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION,
+                                   MIXER_NONE)
 
 cdef LayerT _probe
 
@@ -26,6 +27,7 @@ MATRICES = {
     "gate_inp": _at(&_probe.gate_inp), "gate_exps": _at(&_probe.gate_exps), "up_exps": _at(&_probe.up_exps),
     "down_exps": _at(&_probe.down_exps), "gate_shexp": _at(&_probe.gate_shexp),
     "up_shexp": _at(&_probe.up_shexp), "down_shexp": _at(&_probe.down_shexp),
+    "inp_gate": _at(&_probe.inp_gate), "proj": _at(&_probe.proj), "gate_up_exps": _at(&_probe.gate_up_exps),
 }
 VECTORS = {
     "attn_norm": _at(&_probe.attn_norm), "attn_norm_b": _at(&_probe.attn_norm_b),
@@ -34,14 +36,20 @@ VECTORS = {
     "post_attn_norm": _at(&_probe.post_attn_norm), "ffn_norm": _at(&_probe.ffn_norm),
     "ffn_norm_b": _at(&_probe.ffn_norm_b), "post_ffn_norm": _at(&_probe.post_ffn_norm),
     "gate_inp_shexp": _at(&_probe.gate_inp_shexp), "bo": _at(&_probe.bo), "up_b": _at(&_probe.up_b),
-    "down_b": _at(&_probe.down_b),
+    "down_b": _at(&_probe.down_b), "out_scale": _at(&_probe.out_scale),
+    "pe_post_norm": _at(&_probe.pe_post_norm), "gate_inp_scale": _at(&_probe.gate_inp_scale),
+    "down_exps_scale": _at(&_probe.down_exps_scale), "pre_ffn_norm_2": _at(&_probe.pre_ffn_norm_2),
+    "post_ffn_norm_1": _at(&_probe.post_ffn_norm_1), "post_ffn_norm_2": _at(&_probe.post_ffn_norm_2),
 }
 # LayerT's fields set from the layer's recipe rather than from tensors.
-SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale")
+SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale", "n_head_kv", "head_dim", "n_rot",
+            "kv_shared", "v_norm", "rope_freqs")
 _MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION}
-_FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE}
+_FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE,
+         "dense_moe": FFN_DENSE_MOE}
 # Model-level fields BoundWeights reads.
-MODEL_FIELDS = ("token_embd", "output", "output_norm", "output_norm_b", "rope_freqs")
+MODEL_FIELDS = ("token_embd", "output", "output_norm", "output_norm_b", "rope_freqs",
+                "per_layer_token_embd", "per_layer_model_proj", "per_layer_proj_norm")
 
 
 cdef class BoundWeights:
@@ -54,8 +62,9 @@ cdef class BoundWeights:
         if self.layers != NULL:
             free(self.layers)
 
-    def __init__(self, weights):
-        """weights: a llamacy.model.weights.ModelWeights, shapes already checked against the config."""
+    def __init__(self, weights, bint v_norm=False):
+        """weights: a llamacy.model.weights.ModelWeights, shapes already checked against the config;
+        v_norm: the model norms its V rows (ModelConfig.v_norm)."""
         self._keep = []
         unknown = set(weights.fields) - set(MODEL_FIELDS)
         if unknown:
@@ -65,6 +74,9 @@ cdef class BoundWeights:
         self.output_norm = self._vector(weights.fields["output_norm"])
         self.output_norm_b = self._vector(weights.fields.get("output_norm_b"))
         self.rope_freqs = self._vector(weights.fields.get("rope_freqs"))
+        self.pl_tok_embd = self._matrix(weights.fields.get("per_layer_token_embd"))
+        self.pl_model_proj = self._matrix(weights.fields.get("per_layer_model_proj"))
+        self.pl_proj_norm = self._vector(weights.fields.get("per_layer_proj_norm"))
         self.n_layer = len(weights.layers)
         self.layers = <LayerT*> calloc(max(self.n_layer, 1), sizeof(LayerT))
         if self.layers == NULL:
@@ -86,19 +98,31 @@ cdef class BoundWeights:
             L.window = spec.window
             L.rope_base = spec.rope_base
             L.rope_freq_scale = spec.rope_freq_scale
+            L.n_head_kv = spec.n_head_kv
+            L.head_dim = spec.head_dim
+            L.n_rot = spec.n_rot
+            L.kv_shared = spec.kv_from >= 0
+            L.v_norm = v_norm
+            L.rope_freqs = spec.rope_freqs
             self._check_layer(i, L)
 
     cdef void _check_layer(self, Py_ssize_t i, const LayerT* L) except *:
         """The blocks a recipe runs have the tensors they read (the architecture declares them required;
         this keeps a declaration and a recipe that disagree from reaching the loop)."""
         missing = []
-        if L.mixer == MIXER_ATTENTION and (L.attn_norm == NULL or not (L.wq.rows and L.wk.rows and L.wv.rows
-                                                                        and L.wo.rows)):
+        # V = K where a layer has no V projection (Gemma 4's full layers); a shared-KV layer has neither.
+        if L.mixer == MIXER_ATTENTION and (L.attn_norm == NULL or not (
+                L.wq.rows and L.wo.rows and (L.kv_shared or (L.wk.rows and (L.wv.rows or L.v_norm))))):
             missing.append("attention")
         if L.ffn != FFN_NONE and L.ffn_norm == NULL:
             missing.append("ffn_norm")
-        if L.ffn == FFN_GATED and not (L.gate.rows and L.up.rows and L.down.rows):
+        if (L.ffn == FFN_GATED or L.ffn == FFN_DENSE_MOE) and not (L.gate.rows and L.up.rows and L.down.rows):
             missing.append("gated feed-forward")
+        if L.ffn == FFN_DENSE_MOE and not (
+                L.gate_inp.rows and L.down_exps.rows and (L.gate_up_exps.rows or (L.gate_exps.rows and L.up_exps.rows))
+                and L.gate_inp_scale != NULL and L.pre_ffn_norm_2 != NULL and L.post_ffn_norm_1 != NULL
+                and L.post_ffn_norm_2 != NULL):
+            missing.append("experts")
         if L.ffn == FFN_UNGATED and not (L.up.rows and L.down.rows):
             missing.append("feed-forward")
         if L.ffn == FFN_MOE and not (L.gate_inp.rows and L.gate_exps.rows and L.up_exps.rows
@@ -106,7 +130,10 @@ cdef class BoundWeights:
             missing.append("experts")
         if (L.bq == NULL) != (L.bk == NULL) or (L.bq == NULL) != (L.bv == NULL):
             missing.append("q/k/v biases")
-        if (L.q_norm == NULL) != (L.k_norm == NULL):
+        if (L.inp_gate.rows == 0) != (L.proj.rows == 0) or (L.inp_gate.rows and (
+                L.pe_post_norm == NULL or self.pl_tok_embd.rows == 0 or self.pl_proj_norm == NULL)):
+            missing.append("per-layer embeddings")
+        if (L.q_norm == NULL) != (L.k_norm == NULL) and not L.kv_shared:
             missing.append("q/k norms")
         if missing:
             raise ValueError(f"layer {i}: the recipe's {', '.join(missing)} tensors are not bound")

@@ -20,10 +20,12 @@ ROPE_NEOX = 2  # rotate halves: qwen2/3, gemma3, nemotron
 # Block kinds (the layer loop dispatches on them; layout.pxd has their C twins, in the same order).
 NORMS = ("rms", "layer")  # RMSNorm; LayerNorm with bias
 MIXERS = ("none", "attention")  # attention: full, or sliding-window when the layer's window > 0
-FFNS = ("none", "gated", "ungated", "moe")  # moe: plus a shared expert when n_ff_shexp > 0
+# moe: plus a shared expert when n_ff_shexp > 0; dense_moe: a gated FFN and a mixture summed (Gemma 4)
+FFNS = ("none", "gated", "ungated", "moe", "dense_moe")
 ACTIVATIONS = ("silu", "gelu", "relu2")  # gelu: the tanh approximation; relu2: relu(x)^2
-# What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only.
-MEMORY_NONE, MEMORY_KV, MEMORY_WINDOW = "none", "kv", "window"
+# What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only, or
+# nothing of its own because it reads an earlier layer's K/V (Gemma 4's shared-KV layers).
+MEMORY_NONE, MEMORY_KV, MEMORY_WINDOW, MEMORY_SHARED = "none", "kv", "window", "shared"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,14 @@ class LayerSpec:
     window: int = 0  # sliding-window size in positions; 0 = the whole context
     rope_base: float = 10000.0
     rope_freq_scale: float = 1.0
+    # The layer's own shapes (Gemma 4 varies them per layer): KV heads, head size, rotary dimensions,
+    # feed-forward width. 0 = the model's (ModelConfig.layers always fills them in).
+    n_head_kv: int = 0
+    head_dim: int = 0
+    n_rot: int = 0
+    n_ff: int = 0
+    kv_from: int = -1  # >= 0: computes only Q and attends over that earlier layer's K/V rows
+    rope_freqs: bool = True  # divides its RoPE frequencies by the model's rope_freqs (where the file has it)
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS or self.ffn not in FFNS:
@@ -44,6 +54,8 @@ class LayerSpec:
     def memory(self) -> str:
         if self.mixer != "attention":
             return MEMORY_NONE
+        if self.kv_from >= 0:
+            return MEMORY_SHARED
         return MEMORY_WINDOW if self.window > 0 else MEMORY_KV
 
 
@@ -74,6 +86,16 @@ class ModelConfig:
     layer_rope_base: list[float] = field(default_factory=list)
     layer_rope_freq_scale: list[float] = field(default_factory=list)
     layer_ffn: list[str] = field(default_factory=list)  # per layer; default "gated", or "moe" with experts
+    # Per layer (default: the model-wide value): KV heads, head size, rotary dims, feed-forward width, the
+    # earlier layer whose K/V a shared-KV layer reads (-1: its own), whether rope_freqs applies.
+    layer_n_head_kv: list[int] = field(default_factory=list)
+    layer_head_dim: list[int] = field(default_factory=list)
+    layer_n_rot: list[int] = field(default_factory=list)
+    layer_n_ff: list[int] = field(default_factory=list)
+    layer_kv_from: list[int] = field(default_factory=list)
+    layer_rope_freqs: list[bool] = field(default_factory=list)
+    v_norm: bool = False  # V rows RMS-normed without a weight (Gemma 4)
+    n_embd_per_layer: int = 0  # per-layer embeddings' width (Gemma 4 E2B/E4B); 0: none
     # Mixture of experts (0 experts: a dense model). Each layer routes a token to n_expert_used of
     # n_expert feed-forward blocks of width n_ff_exp; n_ff_shexp > 0 adds a shared expert (qwen2moe).
     n_expert: int = 0
@@ -93,14 +115,22 @@ class ModelConfig:
             self.layer_rope_freq_scale = [self.rope_freq_scale] * self.n_layer
         if not self.layer_ffn:
             self.layer_ffn = ["moe" if self.n_expert else "gated"] * self.n_layer
+        for name, value in (
+            ("layer_n_head_kv", self.n_head_kv),
+            ("layer_head_dim", self.head_dim),
+            ("layer_n_rot", self.n_rot),
+            ("layer_n_ff", self.n_ff),
+            ("layer_kv_from", -1),
+            ("layer_rope_freqs", True),
+        ):
+            if not getattr(self, name):
+                setattr(self, name, [value] * self.n_layer)
         if self.norm not in NORMS or self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown norm {self.norm!r} or activation {self.activation!r}")
         # The loop's activations: act(gate) * up for a gated FFN, relu(up)^2 for an ungated one.
         for ffn in set(self.layer_ffn):
-            if (
-                ffn not in FFNS
-                or ((ffn == "ungated") != (self.activation == "relu2")
-                and ffn in ("gated", "ungated"))
+            if ffn not in FFNS or (
+                (ffn == "ungated") != (self.activation == "relu2") and ffn in ("gated", "ungated")
             ):
                 raise ValueError(f"a {ffn} feed-forward with {self.activation} is not supported")
 
@@ -114,6 +144,12 @@ class ModelConfig:
                 self.layer_window[i],
                 self.layer_rope_base[i],
                 self.layer_rope_freq_scale[i],
+                self.layer_n_head_kv[i],
+                self.layer_head_dim[i],
+                self.layer_n_rot[i],
+                self.layer_n_ff[i],
+                self.layer_kv_from[i],
+                self.layer_rope_freqs[i],
             )
             for i in range(self.n_layer)
         ]
@@ -121,6 +157,18 @@ class ModelConfig:
     @property
     def kv_width(self) -> int:
         return self.n_head_kv * self.head_dim
+
+    def widest(self) -> dict[str, int]:
+        """The widest layer's activations (the scratch is sized by them): q and KV row widths, query heads
+        per KV head, feed-forward width, rotary dimensions."""
+        specs = self.layers
+        return dict(
+            q=max(self.n_head * s.head_dim for s in specs),
+            kv=max(s.n_head_kv * s.head_dim for s in specs),
+            group=max(self.n_head // s.n_head_kv for s in specs),
+            n_ff=max(s.n_ff for s in specs),
+            n_rot=max(s.n_rot for s in specs),
+        )
 
     @property
     def ffn_params(self) -> tuple[int, int]:
@@ -131,14 +179,16 @@ class ModelConfig:
             return dense, dense
         expert, shared = 3 * self.n_embd * self.n_ff_exp, 3 * self.n_embd * self.n_ff_shexp
         fixed = self.n_expert * self.n_embd + shared + (self.n_embd if self.n_ff_shexp else 0)
+        if "dense_moe" in self.layer_ffn:  # Gemma 4: a dense gated FFN beside the experts
+            fixed += 3 * self.n_embd * self.n_ff
         return fixed + self.n_expert * expert, fixed + self.n_expert_used * expert
 
     def layer_mix(self, n_ctx: int, ubatch: int = 256) -> list[dict[str, Any]]:
         """The layers grouped by recipe, in order of first appearance: what each runs and how many
         positions of a sequence it keeps (`llamacy info`)."""
-        groups: dict[tuple[str, str, int], dict[str, Any]] = {}
+        groups: dict[tuple[str, str, int, str], dict[str, Any]] = {}
         for spec in self.layers:
-            key = (spec.mixer, spec.ffn, spec.window)
+            key = (spec.mixer, spec.ffn, spec.window, spec.memory)
             if key not in groups:
                 groups[key] = {
                     "mixer": spec.mixer,
@@ -154,9 +204,14 @@ class ModelConfig:
     def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16", ubatch: int = 256) -> int:
         """Memory of the K/V rows of kv_type (kv_types.KV_TYPE_NAMES) for n_ctx positions of n_seq sequences:
         a sliding-window layer holds only its window (memory.py's ring), a layer without attention none."""
-        row = kv_row_bytes(kv_type, self.head_dim)
-        slots = sum(kv_slots(spec, n_ctx, ubatch) for spec in self.layers)
-        return 2 * n_seq * slots * self.n_head_kv * row
+        return (
+            2
+            * n_seq
+            * sum(
+                kv_slots(spec, n_ctx, ubatch) * spec.n_head_kv * kv_row_bytes(kv_type, spec.head_dim)
+                for spec in self.layers
+            )
+        )
 
 
 class MetadataReader:
@@ -256,7 +311,7 @@ def kv_slots(spec: LayerSpec, n_ctx: int, ubatch: int) -> int:
     tokens all write before any attends, so the ring must not wrap under the batch), stored twice over so
     that every window is one contiguous run of rows (memory.py). Where that is no smaller than n_ctx, the
     layer keeps the whole context like a full one."""
-    if spec.memory == MEMORY_NONE:
+    if spec.memory in (MEMORY_NONE, MEMORY_SHARED):
         return 0
     ring = ring_size(spec, n_ctx, ubatch)
     return 2 * ring if ring else n_ctx

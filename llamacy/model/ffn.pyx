@@ -3,7 +3,7 @@
 (down(act(up·x)): Nemotron's ReLU²). The mixture of experts is moe.pyx."""
 
 from llamacy.kernels.ops cimport add_inplace
-from llamacy.model.layout cimport FFN_GATED, LayerT, Scratch
+from llamacy.model.layout cimport FFN_UNGATED, LayerT, Scratch
 from llamacy.model.products cimport P_MM_DOWN, P_MM_UP, Products, product
 from llamacy.model.rowjobs cimport act_rows
 
@@ -12,7 +12,7 @@ cdef void dense_ffn(Products* p, const LayerT* L, const Scratch* s, Py_ssize_t n
                     int nthreads) noexcept nogil:
     cdef int fmt = -1  # gate and up read the same quantized rows
     cdef Py_ssize_t F = L.up.rows
-    if L.ffn == FFN_GATED:
+    if L.ffn != FFN_UNGATED:  # gated (also the dense half of FFN_DENSE_MOE)
         product(p, &L.gate, s.xn, n_embd, n, s.g, &fmt, nthreads, P_MM_UP)
         product(p, &L.up, s.xn, n_embd, n, s.u, &fmt, nthreads, P_MM_UP)
         act_rows(p.rj, s.g, s.u, F, n, nthreads)

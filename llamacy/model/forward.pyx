@@ -22,11 +22,14 @@ from llamacy.kernels.ops cimport scale_inplace
 from llamacy.kernels.quant cimport dequantize_row
 from llamacy.model.attention cimport AttnJob, attention_mixer, warm_kv
 from llamacy.model.binding cimport BoundWeights
+from llamacy.model.dense_moe cimport dense_moe_ffn
 from llamacy.model.ffn cimport dense_ffn
-from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_MOE, FFN_NONE, HParams, KVRows, LayerT,
+from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_DENSE_MOE, FFN_MOE, FFN_NONE, HParams,
+                                   KVRows, LayerT,
                                    MIXER_ATTENTION, NORM_LAYER, NORM_RMS, Scratch, WeightT)
 from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
 from llamacy.model.norms cimport norm_row
+from llamacy.model.per_layer_embd cimport PleSpace
 from llamacy.model.products cimport (N_PROF, P_ELEM, P_MM_OUT, P_MOE, Products, lap, now, product)
 from llamacy.model.rowjobs cimport RowJob, norm_rows, residual_rows
 from llamacy.model.scratch cimport ScratchSpace
@@ -58,6 +61,7 @@ ctypedef struct LayerMem:
     char* v
     Py_ssize_t slots
     Py_ssize_t ring
+    Py_ssize_t row_bytes
 
 
 cdef class Forward:
@@ -74,6 +78,7 @@ cdef class Forward:
     cdef Products pr
     cdef MoeSpace moe  # None for a dense model
     cdef MoeJob* mj    # its job; NULL for a dense model
+    cdef PleSpace ple  # per-layer embeddings (Gemma 4 E2B/E4B); None without
     # The memory: one record per layer, the arrays behind them kept alive.
     cdef LayerMem* mem
     cdef object memory
@@ -99,10 +104,14 @@ cdef class Forward:
         if getattr(cfg, "norm", None) not in norms:
             raise ValueError(f"unknown norm {getattr(cfg, 'norm', None)!r}")
         self.hp = {**vars(cfg), "act": acts[cfg.activation], "norm": norms[cfg.norm]}  # by field name
-        self.w = BoundWeights(weights)
-        # A mixture-of-experts model has no dense feed-forward: its activations are MoeSpace's.
-        self.scratch = ScratchSpace(cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
-                                    1 if cfg.n_expert else cfg.n_ff, cfg.n_rot, ubatch, n_ctx_max, threads_max)
+        self.w = BoundWeights(weights, getattr(cfg, "v_norm", False))
+        # Sized for the widest layer. A mixture-of-experts model has no dense feed-forward: its activations
+        # are MoeSpace's.
+        wide = cfg.widest()
+        only_moe = cfg.n_expert and all(f == "moe" for f in cfg.layer_ffn)
+        self.scratch = ScratchSpace(cfg.n_embd, wide["q"], wide["kv"], wide["group"],
+                                    1 if only_moe else wide["n_ff"], wide["n_rot"], ubatch, n_ctx_max,
+                                    threads_max)
         self.rj.hp = &self.hp
         self.rj.s = &self.scratch.s
         self.rj.kv = &self.kv
@@ -112,6 +121,9 @@ cdef class Forward:
         self.pr.rj = &self.rj
         self.kv.n_head_kv = self.hp.n_head_kv
         self.kv.head_dim = self.hp.head_dim
+        self.ple = PleSpace(cfg, ubatch) if getattr(cfg, "n_embd_per_layer", 0) else None
+        if (self.ple is None) != (self.w.pl_tok_embd.rows == 0):
+            raise ValueError("per-layer embeddings bound without their width in the config, or the reverse")
         self.mj = NULL
         if cfg.n_expert:
             self.moe = MoeSpace(cfg, ubatch)
@@ -137,13 +149,14 @@ cdef class Forward:
                     continue
                 kb = lm.k.reshape(-1)
                 vb = lm.v.reshape(-1)
-                need = memory.n_seq * self.hp.n_head_kv * lm.slots * memory.row_bytes
+                need = memory.n_seq * self.w.layers[l].n_head_kv * lm.slots * lm.row_bytes
                 if kb.shape[0] < need or vb.shape[0] < need:
                     raise ValueError(f"layer {l}'s memory is smaller than its slots")
                 mem[l].k = <char*>&kb[0]
                 mem[l].v = <char*>&vb[0]
                 mem[l].slots = lm.slots
                 mem[l].ring = lm.ring
+                mem[l].row_bytes = lm.row_bytes
         except BaseException:
             free(mem)
             raise
@@ -153,7 +166,6 @@ cdef class Forward:
         self.memory = memory
         self.n_seq = memory.n_seq
         self.n_ctx = memory.n_ctx
-        self.kv.row_bytes = memory.row_bytes
         self.kv.fmt = memory.fmt
         self.aj.n_ctx = memory.n_ctx
 
@@ -249,6 +261,11 @@ cdef class Forward:
                 scale_inplace(s.x + t * E, hp.embd_scale, E)
         self.aj.rope_base = 0.0  # RoPE tables are built per micro-batch
         self.aj.rope_freq_scale = 0.0
+        self.aj.rope_n_rot = 0
+        self.aj.rope_freqs = NULL
+        if self.ple is not None:
+            self.ple.inputs(pr, &self.w.pl_model_proj, self.w.pl_proj_norm, &self.w.pl_tok_embd, s, tokens, n,
+                            nthreads)
 
         for l in range(self.w.n_layer):
             L = &self.w.layers[l]
@@ -257,7 +274,10 @@ cdef class Forward:
                 kv.vl = self.mem[l].v
                 kv.slots = self.mem[l].slots
                 kv.ring = self.mem[l].ring
-                warm_kv(kv, n, hp.n_head_kv, L.window)
+                kv.row_bytes = self.mem[l].row_bytes
+                kv.n_head_kv = L.n_head_kv
+                kv.head_dim = L.head_dim
+                warm_kv(kv, n, L.n_head_kv, L.window)
                 norm_rows(rj, s.x, L.attn_norm, L.attn_norm_b, s.xn, E, n, nthreads)
                 attention_mixer(pr, &self.aj, L, self.w.rope_freqs, n, nthreads)
                 # x += post_attn_norm(o), then the feed-forward block's input norm, in one pass per token.
@@ -267,15 +287,21 @@ cdef class Forward:
                     residual_rows(rj, s.x, s.o, L.post_attn_norm, NULL, NULL, NULL, E, n, nthreads)
             elif L.ffn != FFN_NONE:
                 norm_rows(rj, s.x, L.ffn_norm, L.ffn_norm_b, s.xn, E, n, nthreads)
-            if L.ffn == FFN_NONE:
-                continue
-            if L.ffn == FFN_MOE:
-                lap(pr, P_ELEM)
-                moe_ffn(self.mj, rj, L, s.xn, s.aq, s.o, n, nthreads)
-                lap(pr, P_MOE)
-            else:
-                dense_ffn(pr, L, s, E, n, nthreads)
-            residual_rows(rj, s.x, s.o, L.post_ffn_norm, NULL, NULL, NULL, E, n, nthreads)
+            if L.ffn != FFN_NONE:
+                if L.ffn == FFN_MOE:
+                    lap(pr, P_ELEM)
+                    moe_ffn(self.mj, rj, L, s.xn, s.aq, s.o, n, nthreads)
+                    lap(pr, P_MOE)
+                elif L.ffn == FFN_DENSE_MOE:
+                    dense_moe_ffn(pr, self.mj, L, s, E, n, nthreads)
+                else:
+                    dense_ffn(pr, L, s, E, n, nthreads)
+                residual_rows(rj, s.x, s.o, L.post_ffn_norm, NULL, NULL, NULL, E, n, nthreads)
+            if L.inp_gate.rows:  # per-layer embeddings
+                self.ple.block(pr, L, l, s, n, nthreads)
+            if L.out_scale != NULL:  # the layer's output scaled (Gemma 4's layer_output_scale)
+                for t in range(n):
+                    scale_inplace(s.x + t * E, L.out_scale[0], E)
 
         # The final norm, only for the rows whose output is wanted: straight into the output for hidden
         # states, into the output head's input for logits.

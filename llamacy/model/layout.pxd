@@ -21,6 +21,7 @@ cdef enum:
     FFN_GATED = 1
     FFN_UNGATED = 2
     FFN_MOE = 3
+    FFN_DENSE_MOE = 4   # a dense gated FFN plus a mixture of experts, summed (Gemma 4 26B-A4B: dense_moe.pyx)
 
 # The hyper-parameters the loop reads. Fields are named as ModelConfig's: Forward converts the config's
 # fields to this struct by name, so a missing one fails at load.
@@ -79,9 +80,31 @@ ctypedef struct LayerT:
     WeightT up_shexp
     WeightT down_shexp
     const float* gate_inp_shexp
+    # Gemma 4's mixture (FFN_DENSE_MOE): the router's input scale [n_embd], each expert's output scale
+    # [n_expert] (NULL: none), the experts' input norm and the two outputs' norms; gate and up of every
+    # expert as one stacked tensor [n_expert * 2 * n_ff_exp, n_embd] (rows 0: separate gate_exps / up_exps).
+    const float* gate_inp_scale
+    const float* down_exps_scale
+    const float* pre_ffn_norm_2
+    const float* post_ffn_norm_1
+    const float* post_ffn_norm_2
+    WeightT gate_up_exps
     Py_ssize_t window        # sliding-window size in positions; 0 = attends to the whole context
     float rope_base
     float rope_freq_scale
+    # The layer's own shapes (LayerSpec): KV heads, head size, rotary dimensions.
+    Py_ssize_t n_head_kv
+    Py_ssize_t head_dim
+    Py_ssize_t n_rot
+    int kv_shared            # 1: Q only, attending over an earlier layer's K/V rows (Gemma 4)
+    int v_norm               # 1: V rows RMS-normed without a weight (Gemma 4); V = K where wv has rows 0
+    int rope_freqs           # 1: the model's rope_freqs divide this layer's frequencies
+    const float* out_scale   # [1]: the layer's output (the whole residual stream) scaled (NULL: none)
+    # Per-layer embeddings (per_layer_embd.pyx; rows 0 = none): gate [n_embd_per_layer, n_embd], projection
+    # [n_embd, n_embd_per_layer], its post-norm.
+    WeightT inp_gate
+    WeightT proj
+    const float* pe_post_norm
 
 # Activations of one micro-batch, row-major [n, width].
 ctypedef struct Scratch:

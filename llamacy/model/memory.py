@@ -6,8 +6,11 @@ Each layer keeps what its mixer needs (config.LayerSpec.memory):
   tokens all write before any attends, so the ring must not wrap under it), each row stored twice (slots
   p % ring and p % ring + ring) so that every window is one contiguous run of rows and the attention kernel
   reads a ring exactly as it reads a full cache (the same rows in the same order: the same bits);
-- nothing, for a layer without attention.
-Rows are in the KV type's format (kv_types: float32, IEEE half, …), `row_bytes` each. The arrays are
+- nothing, for a layer without attention;
+- nothing of its own for a shared-KV layer (Gemma 4): it points at the rows of the earlier layer it reads
+  (LayerSpec.kv_from), which has the same kind, window and shapes.
+Rows are in the KV type's format (kv_types: float32, IEEE half, …), `row_bytes` each: each layer's own, as
+its head size may differ from the others' (Gemma 4's sliding and full layers). The arrays are
 anonymous mappings committed page by page as they are written, so a long context costs memory as it fills.
 
 Rollback contract: a sequence's memory can be cut back to n tokens (`truncate`) where every layer still
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llamacy.model.config import MEMORY_NONE, kv_slots, ring_size
+from llamacy.model.config import MEMORY_NONE, MEMORY_SHARED, kv_slots, ring_size
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, KV_TYPE_NAMES, kv_format, kv_row_bytes
 
 if TYPE_CHECKING:
@@ -58,8 +61,11 @@ class LayerMemory:
     slots: int  # rows per (sequence, KV head); 0: none
     ring: int  # the ring's period; 0: slot = position
     window: int
-    k: np.ndarray | None  # uint8 [n_seq, n_head_kv, slots, row_bytes]
+    k: np.ndarray | None  # uint8 [n_seq, n_head_kv, slots, row_bytes]; a shared layer's are its source's
     v: np.ndarray | None
+    n_head_kv: int = 0
+    row_bytes: int = 0
+    shared_from: int = -1  # a shared-KV layer: the layer whose arrays k and v are
 
 
 class Memory:
@@ -76,9 +82,26 @@ class Memory:
         self.n_seq = n_seq
         self.ubatch = ubatch
         self.layers: list[LayerMemory] = []
-        for spec in cfg.layers:
+        for il, spec in enumerate(cfg.layers):
+            if spec.memory == MEMORY_SHARED:
+                src = self.layers[spec.kv_from] if 0 <= spec.kv_from < il else None
+                if (
+                    src is None
+                    or src.k is None
+                    or src.window != spec.window
+                    or src.n_head_kv != spec.n_head_kv
+                ):
+                    raise ValueError(
+                        f"layer {il} reads the K/V of layer {spec.kv_from}, which keeps no such rows"
+                    )
+                self.layers.append(
+                    LayerMemory(spec.memory, src.slots, src.ring, src.window, src.k, src.v,
+                                src.n_head_kv, src.row_bytes, spec.kv_from)
+                )  # fmt: skip
+                continue
+            row_bytes = kv_row_bytes(kv_type, spec.head_dim)
             slots = kv_slots(spec, n_ctx, ubatch)
-            shape = (n_seq, cfg.n_head_kv, slots, self.row_bytes)
+            shape = (n_seq, spec.n_head_kv, slots, row_bytes)
             n = int(np.prod(shape))
             k, v = (
                 (None, None)
@@ -86,8 +109,9 @@ class Memory:
                 else (_lazy_zeros(n).reshape(shape), _lazy_zeros(n).reshape(shape))
             )
             self.layers.append(
-                LayerMemory(spec.memory, slots, ring_size(spec, n_ctx, ubatch), spec.window, k, v)
-            )
+                LayerMemory(spec.memory, slots, ring_size(spec, n_ctx, ubatch), spec.window, k, v,
+                            spec.n_head_kv, row_bytes)
+            )  # fmt: skip
         # tokens[s] are the ids whose rows occupy positions 0..len-1 of sequence s; high[s] is the most
         # positions ever written since the sequence was last cleared (rings are overwritten up to there).
         self.tokens: list[list[int]] = [[] for _ in range(n_seq)]
@@ -156,4 +180,4 @@ class Memory:
 
     @property
     def nbytes(self) -> int:
-        return sum(lm.k.nbytes + lm.v.nbytes for lm in self.layers if lm.k is not None)
+        return sum(lm.k.nbytes + lm.v.nbytes for lm in self.layers if lm.k is not None and lm.shared_from < 0)

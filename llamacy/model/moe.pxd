@@ -27,6 +27,10 @@ ctypedef struct MoeJob:
     float* g             # [max(ubatch * k * n_ff_exp, ubatch * n_ff_shexp)]
     float* u
     float* o             # [ubatch * k, n_embd]
+    float* gu            # [ubatch * k, 2 * n_ff_exp]: gate and up from one stacked tensor (gate_up_exps)
+    float* b1            # [ubatch, n_embd] each: dense_moe.pyx's rows
+    float* b2
+    float* b3
     # The expert products in flight: up to two matrices (gate and up) read the same activation rows.
     ExpertItem* items
     Py_ssize_t n_items
@@ -41,6 +45,9 @@ ctypedef struct MoeJob:
 # aq_tok: scratch for n quantized rows of n_embd values.
 cdef void moe_ffn(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, uint8_t* aq_tok, float* out,
                   Py_ssize_t n, int nthreads) noexcept nogil
+# The routed experts alone: the router reads rin[t], the experts xn[t] (Gemma 4 feeds them different rows).
+cdef void moe_experts(MoeJob* M, RowJob* rj, const LayerT* L, const float* rin, const float* xn,
+                      uint8_t* aq_tok, float* out, Py_ssize_t n, int nthreads) noexcept nogil
 
 
 cdef class MoeSpace:

@@ -173,23 +173,34 @@ cdef void _shared(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, float
             out[t * E + i] += s * M.o[t * E + i]
 
 
-cdef void moe_ffn(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, uint8_t* aq_tok, float* out,
-                  Py_ssize_t n, int nthreads) noexcept nogil:
+cdef void moe_experts(MoeJob* M, RowJob* rj, const LayerT* L, const float* rin, const float* xn,
+                      uint8_t* aq_tok, float* out, Py_ssize_t n, int nthreads) noexcept nogil:
     cdef const HParams* hp = M.hp
     cdef Py_ssize_t E = hp.n_embd, K = hp.n_expert_used, FE = hp.n_ff_exp, t, j, i
     cdef float wj
     cdef const float* o
     # The router, then each token's experts and the grouped order.
-    _dense(rj, &L.gate_inp, xn, E, aq_tok, n, M.logits, nthreads)
+    _dense(rj, &L.gate_inp, rin, E, aq_tok, n, M.logits, nthreads)
     _route(M, n)
-    # gate and up of every chosen expert (one job when both take the same activation format).
-    _gather(M, rj, &L.gate_exps, xn, aq_tok, n, nthreads)
-    if act_format(L.up_exps.type) == act_format(L.gate_exps.type):
-        _experts(M, &L.gate_exps, M.g, &L.up_exps, M.u, n * K, nthreads)
+    if L.down_exps_scale != NULL:  # each expert's output scaled (Gemma 4's per_expert_scale)
+        for j in range(n * K):
+            M.wsel[j] *= L.down_exps_scale[M.sel[j]]
+    if L.gate_up_exps.rows:
+        # gate and up stacked per expert ([2 * FE] rows each): one product, then split.
+        _gather(M, rj, &L.gate_up_exps, xn, aq_tok, n, nthreads)
+        _experts(M, &L.gate_up_exps, M.gu, NULL, NULL, n * K, nthreads)
+        for i in range(n * K):
+            memcpy(M.g + i * FE, M.gu + i * 2 * FE, FE * sizeof(float))
+            memcpy(M.u + i * FE, M.gu + i * 2 * FE + FE, FE * sizeof(float))
     else:
-        _experts(M, &L.gate_exps, M.g, NULL, NULL, n * K, nthreads)
-        _gather(M, rj, &L.up_exps, xn, aq_tok, n, nthreads)
-        _experts(M, &L.up_exps, M.u, NULL, NULL, n * K, nthreads)
+        # gate and up of every chosen expert (one job when both take the same activation format).
+        _gather(M, rj, &L.gate_exps, xn, aq_tok, n, nthreads)
+        if act_format(L.up_exps.type) == act_format(L.gate_exps.type):
+            _experts(M, &L.gate_exps, M.g, &L.up_exps, M.u, n * K, nthreads)
+        else:
+            _experts(M, &L.gate_exps, M.g, NULL, NULL, n * K, nthreads)
+            _gather(M, rj, &L.up_exps, xn, aq_tok, n, nthreads)
+            _experts(M, &L.up_exps, M.u, NULL, NULL, n * K, nthreads)
     act_rows(rj, M.g, M.u, FE, n * K, nthreads)
     # down, from the activated rows in the grouped order.
     quant_rows(rj, &L.down_exps, M.g, FE, M.aq, n * K, nthreads)
@@ -206,6 +217,11 @@ cdef void moe_ffn(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, uint8
             else:
                 for i in range(E):
                     out[t * E + i] += wj * o[i]
+
+
+cdef void moe_ffn(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, uint8_t* aq_tok, float* out,
+                  Py_ssize_t n, int nthreads) noexcept nogil:
+    moe_experts(M, rj, L, xn, xn, aq_tok, out, n, nthreads)
     if L.gate_shexp.rows:
         _shared(M, rj, L, xn, out, n, nthreads)
 
@@ -230,7 +246,13 @@ cdef class MoeSpace:
         self.job.g = <float*> self._buf(max(rows * FE, ubatch * FS), np.float32)
         self.job.u = <float*> self._buf(max(rows * FE, ubatch * FS), np.float32)
         self.job.o = <float*> self._buf(rows * E, np.float32)
-        cdef Py_ssize_t per_expert = 2 * ((max(E, FE) + SPLIT_ROWS - 1) // SPLIT_ROWS)
+        # Gemma 4 (dense_moe.pyx): gate and up stacked, and three rows of n_embd per token.
+        dense_moe = "dense_moe" in cfg.layer_ffn
+        self.job.gu = <float*> self._buf(2 * rows * FE if dense_moe else 1, np.float32)
+        self.job.b1 = <float*> self._buf(ubatch * E if dense_moe else 1, np.float32)
+        self.job.b2 = <float*> self._buf(ubatch * E if dense_moe else 1, np.float32)
+        self.job.b3 = <float*> self._buf(ubatch * E if dense_moe else 1, np.float32)
+        cdef Py_ssize_t per_expert = 2 * ((max(E, 2 * FE) + SPLIT_ROWS - 1) // SPLIT_ROWS)
         self.job.items = <ExpertItem*> self._buf(NE * per_expert * sizeof(ExpertItem), np.uint8)
 
     cdef void* _buf(self, Py_ssize_t n, dtype) except NULL:

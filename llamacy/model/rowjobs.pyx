@@ -5,6 +5,7 @@ matmul rows do. (A single decoded token runs inline: parallel_for does not split
 """
 
 from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy
 
 from llamacy.kernels.ops cimport add_inplace, gelu_mul, rmsnorm_heads, rope, silu_mul, store_kv_row
 from llamacy.kernels.parallel cimport parallel_for
@@ -23,24 +24,34 @@ cdef void _qkv_row(const RowJob* j, Py_ssize_t t) noexcept nogil:
     cdef const HParams* hp = j.hp
     cdef const LayerT* L = j.L
     cdef const KVRows* kv = j.kv
-    cdef Py_ssize_t HD = hp.head_dim, QW = hp.n_head * HD, KVW = hp.n_head_kv * HD, h, off
+    # The layer's own shapes (Gemma 4's sliding and full layers differ).
+    cdef Py_ssize_t HD = L.head_dim, NKV = L.n_head_kv, QW = hp.n_head * HD, KVW = NKV * HD, h, off
     cdef float* q = j.s.q + t * QW
     cdef float* k = j.s.k + t * KVW
     cdef float* v = j.s.v + t * KVW
-    cdef const float* cs = j.s.cs + t * hp.n_rot
+    cdef const float* cs = j.s.cs + t * L.n_rot
+    if L.kv_shared:  # K/V rows are an earlier layer's: only the query
+        if L.q_norm != NULL:
+            rmsnorm_heads(q, L.q_norm, hp.n_head, HD, hp.rms_eps)
+        rope(q, hp.n_head, HD, L.n_rot, cs, hp.rope_mode)
+        return
+    if L.wv.rows == 0:  # no V projection: V is K as projected (before its norm and RoPE)
+        memcpy(v, k, KVW * sizeof(float))
     if L.bq != NULL:
         add_inplace(q, L.bq, QW)
         add_inplace(k, L.bk, KVW)
         add_inplace(v, L.bv, KVW)
     if L.q_norm != NULL:
         rmsnorm_heads(q, L.q_norm, hp.n_head, HD, hp.rms_eps)
-        rmsnorm_heads(k, L.k_norm, hp.n_head_kv, HD, hp.rms_eps)
-    rope(q, hp.n_head, HD, hp.n_rot, cs, hp.rope_mode)
-    rope(k, hp.n_head_kv, HD, hp.n_rot, cs, hp.rope_mode)
+        rmsnorm_heads(k, L.k_norm, NKV, HD, hp.rms_eps)
+    if L.v_norm:
+        rmsnorm_heads(v, NULL, NKV, HD, hp.rms_eps)
+    rope(q, hp.n_head, HD, L.n_rot, cs, hp.rope_mode)
+    rope(k, NKV, HD, L.n_rot, cs, hp.rope_mode)
     # Tokens of a batch write distinct rows (their own position of their own sequence); a ring keeps
     # each row twice (layout.pxd's KVRows).
     cdef Py_ssize_t slot = kv_slot(kv, kv.pos[t])
-    for h in range(hp.n_head_kv):
+    for h in range(NKV):
         off = kv_offset(kv, t, h, slot)
         store_kv_row(kv.kl + off, k + h * HD, HD, kv.fmt)
         store_kv_row(kv.vl + off, v + h * HD, HD, kv.fmt)

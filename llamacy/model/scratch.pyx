@@ -9,11 +9,11 @@ import numpy as np
 
 
 cdef class ScratchSpace:
-    def __init__(self, Py_ssize_t n_embd, Py_ssize_t n_head, Py_ssize_t n_head_kv, Py_ssize_t head_dim,
-                 Py_ssize_t n_ff, Py_ssize_t n_rot, Py_ssize_t ubatch, Py_ssize_t n_ctx_max, int threads_max):
+    def __init__(self, Py_ssize_t n_embd, Py_ssize_t qw, Py_ssize_t kvw, Py_ssize_t group, Py_ssize_t n_ff,
+                 Py_ssize_t n_rot, Py_ssize_t ubatch, Py_ssize_t n_ctx_max, int threads_max):
+        """The widest layer's widths (ModelConfig.widest): q row qw, K/V row kvw, query heads per KV head
+        group, feed-forward n_ff, rotary dimensions n_rot."""
         cdef Py_ssize_t n = ubatch
-        cdef Py_ssize_t qw = n_head * head_dim
-        cdef Py_ssize_t kvw = n_head_kv * head_dim
         cdef Py_ssize_t widest = max(n_embd, qw, n_ff)
         # The float32 activation format is the widest (4 bytes a value); quantized ones are smaller.
         cdef Py_ssize_t aq_row = max(act_row_bytes(0, widest), 4 * widest)
@@ -32,7 +32,7 @@ cdef class ScratchSpace:
         self.s.u = self._floats(n * n_ff)
         self.s.cs = self._floats(n * max(n_rot, 2))
         # Per thread, a row of n_ctx scores for each query head of a KV group (attention.pyx's job items).
-        self.s.scores = self._floats(self.threads_max * max(1, n_head // max(1, n_head_kv)) * n_ctx_max)
+        self.s.scores = self._floats(self.threads_max * max(1, group) * n_ctx_max)
         aq = np.zeros(n * aq_row + 64, np.uint8)
         self._arrays.append(aq)
         cdef uint8_t[::1] b = aq

@@ -81,10 +81,12 @@ class WeightBinder:
             )
         return Matrix(t.data, int(t.type), rows, cols, t.n_bytes // rows)
 
-    def experts(self, name: str, rows: int, cols: int) -> Matrix:
+    def experts(self, name: str, rows: int, cols: int, optional: bool = False) -> Matrix | None:
         """A 3-D [n_expert, rows, cols] tensor as one matrix of n_expert * rows rows."""
         n = self.cfg.n_expert
-        t = self._tensor(name)
+        t = self._tensor(name, optional)
+        if t is None:
+            return None
         if tuple(t.shape) != (n, rows, cols):
             raise UnsupportedModelError(
                 f"{self.source}: tensor {name} has shape {t.shape}, expected {(n, rows, cols)}"
@@ -145,7 +147,7 @@ class WeightBinder:
         if spec.kind == MATRIX:
             return self.matrix(spec.name, *spec.shape, optional=spec.optional)
         if spec.kind == EXPERTS:
-            return self.experts(spec.name, spec.shape[1], spec.shape[2])
+            return self.experts(spec.name, spec.shape[1], spec.shape[2], optional=spec.optional)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from llamacy.errors import UnsupportedModelError
 from llamacy.model.archs.base import Architecture
 from llamacy.model.archs.gemma3 import Gemma3
+from llamacy.model.archs.gemma4 import Gemma4
 from llamacy.model.archs.llama import Llama
 from llamacy.model.archs.nemotron import Nemotron
 from llamacy.model.archs.qwen2 import Qwen2
@@ -20,7 +21,7 @@ from llamacy.model.archs.qwen3moe import Qwen3Moe
 from llamacy.model.config import ModelConfig
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Nemotron())
+    a.name: a for a in (Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Gemma4(), Nemotron())
 }
 
 

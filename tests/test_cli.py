@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from tests.conftest import default_sigint
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -139,6 +141,11 @@ def test_info_json(tiny_path):
     r = llamacy("info", str(tiny_path), "--kv-type", "q4")
     assert_one_line_error(r, 2, "--kv-type must be one of f16, f32")
     assert d["quant_mix"]["Q8_0"] > 0
+    # -m as every other command takes it; the same answer as the positional form.
+    r = llamacy("info", "-m", str(tiny_path), "--json", "-c", "32")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == d
+    assert_one_line_error(llamacy("info", "x.gguf", "-m", str(tiny_path)), 2, "two models given")
 
 
 def test_ctrl_c_stops_cleanly(tmp_path):
@@ -167,9 +174,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        # A shell's background job inherits SIGINT ignored, and Python then never installs its Ctrl-C
-        # handler: give the child the terminal's default whatever runs this test.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,  # interrupted below, whatever runs this test
     )
     time.sleep(4)
     assert p.poll() is None, p.stderr.read()

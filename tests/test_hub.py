@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as QT
 
 from llamacy.errors import UsageError
 from llamacy.hub.names import HubRef, choose, group_variants, parse_ref, quant_label, runnable
+from tests.conftest import default_sigint
 from tests.fake_hub import FakeHub, HubFile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -250,6 +251,7 @@ def test_ctrl_c_keeps_the_partial_file(hub, big, tmp_path):
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=default_sigint,  # interrupted below, whatever runs this test
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -22,6 +22,7 @@ from llamacy.errors import UsageError  # noqa: E402
 from llamacy.server import ModelRegistry, ServerSettings, ServerThread, create_app  # noqa: E402
 from llamacy.server.loading import ModelLoader  # noqa: E402
 from llamacy.server.models import ModelSpec  # noqa: E402
+from tests.conftest import default_sigint  # noqa: E402
 from tests.test_server import assert_error  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -235,8 +236,14 @@ def test_names_and_sizes():
 
 def _serve(*args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "llamacy", "serve", "--port", "0", "--threads", "1", "-c", str(CTX), *args]
+    # Stopped with SIGINT, whatever runs the test (a background job inherits it ignored).
     return subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+        cmd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+        preexec_fn=default_sigint,
     )
 
 

@@ -9,31 +9,26 @@ scheduler's slot that holds them in its KV cache is chosen and only the new toke
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import llamacy.server.generation as gen
 from llamacy.errors import LlamacyError
-from llamacy.scheduler import Done, Failed, Piece
-from llamacy.server.dialect import collect
+from llamacy.scheduler import Done
+from llamacy.server.answer import answer
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.responses_schemas import ResponsesRequest, input_messages
-from llamacy.server.responses_shapes import ResponseShape, new_id
+from llamacy.server.responses_shapes import ResponsesEncoder, new_id
 from llamacy.server.responses_store import StoredResponse
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
 from llamacy.server.structured import attach_constraints, structured_request
 from llamacy.structured import StructuredRequest
-
-
-def _failure(ev: Failed) -> APIError:
-    return APIError(503 if ev.shutdown else 500, ev.message, "generation_failed")
 
 
 async def _prompt(
@@ -147,43 +142,14 @@ async def create(request: Request) -> Response:
     req = gen.build_request(served, body, ids, body.max_output_tokens, chat=True)
     await attach_constraints(served, structured, [req])
     call = await gen.start(served, [req])
-    shape = ResponseShape(_head(body, served), structured)
     stop_ids = req.stop_ids or frozenset()
 
     def keep(final: dict[str, Any], done: Done) -> None:
         if body.store:
-            rid = final["id"]
-            state.responses.put(rid, _stored(final, history, prompt_text, ids, done, stop_ids))
+            state.responses.put(final["id"], _stored(final, history, prompt_text, ids, done, stop_ids))
 
-    if body.stream:
-
-        async def events() -> AsyncIterator[str]:
-            async with gen.cancel_on_disconnect(request, call):
-                for line in shape.opening():
-                    yield line
-                async for _, ev in call.events:
-                    if isinstance(ev, Piece):
-                        for line in shape.delta(ev):
-                            yield line
-                    elif isinstance(ev, Done):
-                        lines, final = shape.closing(ev)
-                        keep(final, ev)
-                        for line in lines:
-                            yield line
-                    else:
-                        for line in shape.failure(ev.message):
-                            yield line
-                        break
-
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
-
-    end, _ = await collect(request, call)
-    if isinstance(end, Failed):
-        raise _failure(end)
-    final = shape.whole(end)
-    keep(final, end)
-    return JSONResponse(final)
+    encoder = ResponsesEncoder(_head(body, served), structured, keep)
+    return await answer(request, call, encoder, body.stream)
 
 
 def _lookup(request: Request) -> tuple[str, StoredResponse]:

@@ -196,6 +196,7 @@ def test_response_store_is_bounded_and_expires():
         ({"input": "x", "max_tokens": 5}, 400, "max_output_tokens", "max_tokens"),
         ({"input": "x", "background": True}, 400, "background", "background"),
         ({"input": 5}, 400, "input", "input"),
+        ({"input": []}, 400, "must not be empty", "input"),
         ({}, 400, "missing required field: input", "input"),
         ({"input": "x", "previous_response_id": "resp_nope"}, 404, "resp_nope", "previous_response_id"),
     ],

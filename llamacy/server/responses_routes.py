@@ -132,6 +132,8 @@ async def create(request: Request) -> Response:
                 "previous_response_id",
             )
     items = body.items()
+    if not items and prev is None:
+        raise APIError(400, "input must not be empty", "invalid_value", "input")
     fields = body.structured_fields()
     served = await state.models.acquire(body.model)
     history = (prev.messages if prev is not None else []) + input_messages(items)

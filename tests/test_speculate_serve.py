@@ -291,3 +291,28 @@ def test_serve_takes_a_draft_model_for_one_model(llm, drafts):
         served.scheduler.shutdown()
     r = llamacy("serve", "-m", str(llm.model_path), "-m", path, "--draft-model", path, "--port", "0")
     assert_one_line_error(r, 2, "--draft-model goes with one model")
+
+
+def test_batch_drafts_with_a_draft_model(llm, drafts, tmp_path):
+    import json
+
+    from tests.test_cli import assert_one_line_error, llamacy
+
+    items = tmp_path / "in.jsonl"
+    prompts = ["1 2 3 4 5 6 7 8 9 10", "the the the the", "Hello", "a b c"]
+    lines = [{"id": i, "prompt": p} for i, p in enumerate(prompts)]
+    lines[3]["speculate"] = "ngram"  # an item may choose otherwise
+    items.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    path = str(drafts["other"].model_path)
+    r = llamacy(
+        "batch", str(items), "-o", str(out), "-m", str(llm.model_path), "-n", "16", "--temp", "0", "-t", "1",
+        "--speculate", "draft", "--draft-model", path, "--draft-max", "4",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    results = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert [results[i]["completion"] for i in range(4)] == [solo_text_of(llm, p) for p in prompts]
+    r = llamacy("batch", str(items), "-o", str(tmp_path / "x.jsonl"), "--speculate", "draft", "--ray", "auto")
+    assert_one_line_error(r, 2, "prompt lookup only")
+    r = llamacy("batch", str(items), "-o", str(tmp_path / "y.jsonl"), "--speculate", "draft")
+    assert_one_line_error(r, 2, "--draft-model")

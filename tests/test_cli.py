@@ -148,6 +148,7 @@ def test_info_json(tiny_path):
     assert_one_line_error(llamacy("info", "x.gguf", "-m", str(tiny_path)), 2, "two models given")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly(tmp_path):
     from tests.model_factory import write_tiny_model
 

@@ -26,6 +26,9 @@ from llamacy.server.models import ModelSpec
 from tests.conftest import default_sigint
 from tests.ray_cluster import LocalRayCluster
 
+# A local Ray cluster and Serve deployments: a minute and more, so not in `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MODEL = "smollm2-135m"
 CTX = 512
 START_TIMEOUT = 180.0  # deploying loads the model in each replica; the machine may be busy

@@ -123,6 +123,7 @@ def test_model_field_picks_the_model_loaded_on_first_use(both, solo):
         assert 'llamacy_generated_tokens_total{model="gemma3-270m"}' in text
 
 
+@pytest.mark.slow
 def test_max_memory_unloads_the_least_recently_used(both, solo):
     # Room for the larger model alone: loading one unloads the other.
     budget = max(s.footprint for s in both) + (1 << 20)
@@ -247,6 +248,7 @@ def _serve(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_serve_command_with_two_models(both, solo, tmp_path):
     listing = tmp_path / "models.txt"
     listing.write_text("# the second model\ngemma3-270m\n")

@@ -124,6 +124,7 @@ def test_template_that_knows_tools_gets_them(model):
     assert not plan.wrapped(tpl)  # no <tool_call> in the template: calls are bare JSON
 
 
+@pytest.mark.slow
 def test_forced_call_grammar(model):
     tok, tpl = model
     plan = ToolPlan.from_request(TOOLS, "required", False)

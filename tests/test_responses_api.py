@@ -173,6 +173,39 @@ def test_stored_responses_get_and_delete(tiny_oai, http):
     assert e.value.body["param"] == "previous_response_id"
 
 
+def test_a_conversation_continued_on_another_model(tiny_gguf, tmp_path):
+    """Token ids belong to the model that made them: a response continued by another model is re-encoded
+    (the answer is the chat route's for the same history); with several models an unknown name is a 404."""
+    from llamacy.server import ModelRegistry, ServerThread, create_app
+    from llamacy.server.loading import ModelLoader
+    from llamacy.server.models import ModelSpec
+    from tests.model_factory import write_tiny_model
+
+    other = write_tiny_model(tmp_path / "other.gguf", seed=3)
+    specs = [ModelSpec("a", str(tiny_gguf)), ModelSpec("b", str(other))]
+    registry = ModelRegistry(specs, ModelLoader(n_ctx=128, n_threads=1, n_parallel=1, queue_size=4))
+    try:
+        with ServerThread(create_app(registry)) as srv:
+            c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+            first = c.responses.create(model="a", input="Hello", max_output_tokens=4, temperature=0)
+            second = c.responses.create(
+                model="b", input="More", previous_response_id=first.id, max_output_tokens=4, temperature=0
+            )
+            assert second.model == "b" and second.usage.input_tokens_details.cached_tokens == 0
+            history = [
+                *HELLO,
+                {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "More"},
+            ]
+            chat = c.chat.completions.create(model="b", messages=history, max_tokens=4, temperature=0)
+            assert second.output_text == chat.choices[0].message.content
+            with pytest.raises(openai.NotFoundError) as e:
+                c.responses.create(model="nope", input="x")
+            assert "known models: a, b" in e.value.body["message"]
+    finally:
+        registry.close()
+
+
 def test_response_store_is_bounded_and_expires():
     store = ResponseStore(max_items=2, ttl_s=0.2)
     for rid in ("a", "b", "c"):

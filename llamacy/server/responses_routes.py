@@ -46,7 +46,7 @@ async def _prompt(
 
     def render() -> tuple[str, list[int]]:
         text = structured.render(tpl, messages, add_generation_prompt=True)
-        if prev is not None and prev.ids and text.startswith(prev.text):
+        if prev is not None and prev.ids and prev.model == served.name and text.startswith(prev.text):
             rest = served.tokenizer.encode(text[len(prev.text) :], add_bos=False, special=True)
             return text, prev.ids + rest
         return text, tpl.encode(text)
@@ -112,6 +112,7 @@ def _stored(
     aligned = done.stop_string is None  # a stop string is cut from the text but its tokens were generated
     return StoredResponse(
         body=final,
+        model=final["model"],
         messages=history + _reply_messages(final),
         text=prompt_text + done.text if aligned else "",
         ids=ids + fed if aligned else [],

@@ -17,6 +17,7 @@ DEFAULT_MAX_ITEMS = 1000
 class StoredResponse:
     body: dict[str, Any]  # the Response object as the client received it
     messages: list[dict[str, Any]]  # the conversation through this response's output (no instructions)
+    model: str = ""  # the served model that answered (its token ids are that model's)
     # The prompt text and token ids the model saw, followed by its reply (text as generated, ids as fed
     # through the model): a next turn whose prompt extends this text reuses these ids, and so the KV
     # cache that holds them. Empty when the reply cannot be lined up with its ids (a stop string ended it).

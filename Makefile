@@ -40,6 +40,7 @@ run: $(RUN_STAMP) model
 test: install models
 	$(PYTHON) -m pytest
 
+# The edit-test loop: everything but the tests marked slow (2.5 s or more each); 128 s on 2 busy cores.
 test-fast: build
 	$(PYTHON) -m pytest -x -m "not slow"
 

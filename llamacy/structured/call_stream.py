@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from llamacy.structured.tool_parse import ToolCallStream
@@ -60,161 +60,175 @@ class _Frame:
     key: str | None = None
 
 
-@dataclass
 class CallScan:
-    """One call's JSON text so far ({"name": ..., "arguments": {...}}): its name once written, and its
-    arguments re-serialized as json.dumps writes them, as far as they are complete."""
+    """One call's JSON text ({"name": ..., "arguments": {...}}), fed as it is written: its name once
+    written, and its arguments re-serialized as json.dumps writes them, as far as they are complete. Each
+    character is read once (a reply's calls are scanned at every token)."""
 
-    name: str | None = None
-    arguments: list[str] = field(default_factory=list)
-    streamable: bool = True  # False: arguments that are not an object (a JSON string of JSON ...)
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.arguments: list[str] = []
+        self.streamable = True  # False: arguments that are not an object (a JSON string of JSON ...)
+        self._stopped = False  # the arguments are complete, or the text is not JSON we can follow
+        self._stack: list[_Frame] = []
+        self._capture: int | None = None  # the stack depth of the arguments value while it is written
+        self._in_string = False
+        self._is_key = False
+        self._buf: list[str] = []  # the string's decoded text (keys and the name)
+        self._esc = ""  # an escape sequence being read
+        self._high: int | None = None  # a high surrogate waiting for its low half
+        self._token = ""  # a number or literal being read
 
     @classmethod
     def of(cls, text: str) -> CallScan:
         scan = cls()
-        scan._run(text)
+        scan.feed(text)
         return scan
 
-    def _run(self, text: str) -> None:  # one state machine: it reads better whole
-        stack: list[_Frame] = []
-        capture = None  # the stack depth of the arguments value while it is being written
-        in_string = False
-        is_key = False
-        buf: list[str] = []  # the string's decoded text (keys and the name)
-        esc = ""  # an escape sequence being read
-        high = None  # a high surrogate waiting for its low half
-        token = ""  # a number or literal being read
-        out = self.arguments
+    def feed(self, text: str) -> None:
+        for c in text:
+            if self._stopped:
+                return
+            if not self._char(c):
+                self._stopped = True
 
-        def emit(s: str) -> None:
-            if capture is not None:
-                out.append(s)
+    def _emit(self, s: str) -> None:
+        if self._capture is not None:
+            self.arguments.append(s)
 
-        def value_starts() -> None:
-            nonlocal capture
-            if capture is None and len(stack) == 1 and stack[0].is_object and stack[0].key in _ARGUMENT_KEYS:
-                capture = len(stack)
+    def _value_starts(self) -> None:
+        stack = self._stack
+        if (
+            self._capture is None
+            and len(stack) == 1
+            and stack[0].is_object
+            and stack[0].key in _ARGUMENT_KEYS
+        ):
+            self._capture = len(stack)
 
-        def end_token() -> bool:
-            nonlocal token
-            if not token:
-                return True
-            try:
-                emit(json.dumps(json.loads(token)))
-            except json.JSONDecodeError:
-                return False
-            token = ""
-            after_value()
+    def _after_value(self) -> None:
+        if self._capture is not None and len(self._stack) == self._capture:
+            self._stopped = True  # the arguments are complete: nothing more to collect
+        if self._stack and self._stack[-1].is_object:
+            self._stack[-1].expect_key = False
+
+    def _end_token(self) -> bool:
+        if not self._token:
             return True
+        try:
+            self._emit(json.dumps(json.loads(self._token)))
+        except json.JSONDecodeError:
+            return False
+        self._token = ""
+        self._after_value()
+        return True
 
-        def after_value() -> None:
-            nonlocal capture
-            if capture is not None and len(stack) == capture:
-                capture = -1  # the arguments are complete: nothing more to collect
+    def _string_char(self, c: str) -> bool:
+        if self._esc:
+            self._esc += c
+            esc = self._esc
+            if esc[1] == "u" and len(esc) < 6:
+                return True
+            self._esc = ""
+            if esc[1] == "u":
+                try:
+                    code = int(esc[2:], 16)
+                except ValueError:
+                    return False
+                if 0xD800 <= code < 0xDC00 and self._high is None:
+                    self._high = code
+                    return True
+                if self._high is not None and 0xDC00 <= code < 0xE000:
+                    ch = chr(0x10000 + ((self._high - 0xD800) << 10) + (code - 0xDC00))
+                    self._high = None
+                else:
+                    self._flush_high()
+                    ch = chr(code)
+            else:
+                ch = _ESCAPES.get(c)
+                if ch is None:
+                    return False
+            self._emit(_char(ch))
+            self._buf.append(ch)
+            return True
+        if c == "\\":
+            self._esc = c
+            return True
+        self._flush_high()
+        if c != '"':
+            self._emit(_char(c))
+            self._buf.append(c)
+            return True
+        self._in_string = False
+        self._emit('"')
+        text = "".join(self._buf)
+        if self._is_key:
+            self._stack[-1].key = text
+        else:
+            if len(self._stack) == 1 and self._stack[0].key == "name":
+                self.name = text
+            self._after_value()
+        return True
+
+    def _flush_high(self) -> None:
+        if self._high is not None:
+            self._emit(_char(chr(self._high)))  # a lone high surrogate, escaped as json.dumps writes it
+            self._high = None
+
+    def _char(self, c: str) -> bool:
+        """Take one character; False when the text stops being JSON we can follow."""
+        if self._in_string:
+            return self._string_char(c)
+        stack = self._stack
+        if c in " \t\r\n":
+            return self._end_token()
+        if c.isalnum() or c in "+-.":
+            if not self._token:
+                self._value_starts()
+            self._token += c
+            if self._token in _LITERALS:
+                self._emit(self._token)
+                self._token = ""
+                self._after_value()
+            return True
+        if not self._end_token():
+            return False
+        if self._stopped:  # that number or literal ended the arguments: the rest is not theirs
+            return True
+        if c in "{[":
+            if stack:
+                self._value_starts()
+            self._emit(c)
+            stack.append(_Frame(is_object=c == "{", expect_key=c == "{"))
+        elif c in "}]":
+            if not stack:
+                return False
+            self._emit(c)
+            stack.pop()
+            self._after_value()
+        elif c == ",":
+            self._emit(", ")
+            if stack and stack[-1].is_object:
+                stack[-1].expect_key = True
+        elif c == ":":
+            self._emit(": ")
             if stack and stack[-1].is_object:
                 stack[-1].expect_key = False
-
-        for c in text:
-            if capture == -1:
-                return
-            if in_string:
-                if esc:
-                    esc += c
-                    if esc[1] == "u" and len(esc) < 6:
-                        continue
-                    if esc[1] == "u":
-                        try:
-                            code = int(esc[2:], 16)
-                        except ValueError:
-                            return
-                        esc = ""
-                        if 0xD800 <= code < 0xDC00 and high is None:
-                            high = code
-                            continue
-                        if high is not None and 0xDC00 <= code < 0xE000:
-                            ch = chr(0x10000 + ((high - 0xD800) << 10) + (code - 0xDC00))
-                            high = None
-                        else:
-                            if high is not None:
-                                emit(_char(chr(high)))
-                                high = None
-                            ch = chr(code)
-                    else:
-                        ch = _ESCAPES.get(c)
-                        esc = ""
-                        if ch is None:
-                            return
-                    emit(_char(ch))
-                    buf.append(ch)
-                    continue
-                if c == "\\":
-                    esc = c
-                    continue
-                if high is not None:
-                    emit(_char(chr(high)))
-                    high = None
-                if c == '"':
-                    in_string = False
-                    emit('"')
-                    s = "".join(buf)
-                    if is_key:
-                        stack[-1].key = s
-                    else:
-                        if len(stack) == 1 and stack[0].key == "name":
-                            self.name = s
-                        after_value()
-                    continue
-                emit(_char(c))
-                buf.append(c)
-                continue
-            if c in " \t\r\n":
-                if not end_token():
-                    return
-                continue
-            if c.isalnum() or c in "+-.":
-                if not token:
-                    value_starts()
-                token += c
-                if token in _LITERALS:
-                    emit(token)
-                    token = ""
-                    after_value()
-                continue
-            if not end_token():
-                return
-            if c in "{[":
-                if stack:
-                    value_starts()
-                emit(c)
-                stack.append(_Frame(is_object=c == "{", expect_key=c == "{"))
-            elif c in "}]":
-                if not stack:
-                    return
-                emit(c)
-                stack.pop()
-                after_value()
-            elif c == ",":
-                emit(", ")
-                if stack and stack[-1].is_object:
-                    stack[-1].expect_key = True
-            elif c == ":":
-                emit(": ")
-                if stack and stack[-1].is_object:
-                    stack[-1].expect_key = False
-            elif c == '"':
-                if not stack:
-                    return
-                is_key = stack[-1].is_object and stack[-1].expect_key
-                if not is_key:
-                    value_starts()
-                    if capture == len(stack):
-                        self.streamable = False  # arguments as a string: sent whole at the end
-                        capture = None
-                in_string = True
-                buf = []
-                emit('"')
-            else:
-                return
+        elif c == '"':
+            if not stack:
+                return False
+            self._is_key = stack[-1].is_object and stack[-1].expect_key
+            if not self._is_key:
+                self._value_starts()
+                if self._capture == len(stack):
+                    self.streamable = False  # arguments as a string: sent whole at the end
+                    self._capture = None
+            self._in_string = True
+            self._buf = []
+            self._emit('"')
+        else:
+            return False
+        return True
 
 
 @dataclass
@@ -232,6 +246,7 @@ class ReplyStream:
         self.names = set(names)
         self.max_calls = max_calls
         self.open: list[_Open] = []
+        self.scans: list[tuple[CallScan, int]] = []  # per <tool_call> block: its scan, characters fed
 
     def feed(self, piece: str) -> list[ReplyEvent]:
         shown = self.text.feed(piece)
@@ -248,7 +263,12 @@ class ReplyStream:
         for i, body in enumerate(bodies):
             if self.max_calls is not None and i >= self.max_calls:
                 break
-            scan = CallScan.of(body)
+            if i == len(self.scans):
+                self.scans.append((CallScan(), 0))
+            scan, fed = self.scans[i]
+            if len(body) > fed:  # (shorter: a marker completed after the call, whose scan had stopped)
+                scan.feed(body[fed:])
+                self.scans[i] = (scan, len(body))
             if i == len(self.open):
                 if scan.name is None or scan.name not in self.names:
                     break  # not (yet) a call of an offered tool: it may stay text

@@ -206,6 +206,30 @@ def test_a_conversation_continued_on_another_model(tiny_gguf, tmp_path):
         registry.close()
 
 
+def test_a_failure_mid_stream_is_response_failed(tiny_llm):
+    """The scheduler stops while a response streams: the stream ends with response.failed and the error;
+    a response not streamed gets a 503 in OpenAI's shape."""
+    import threading
+
+    from tests.test_server import SlowScheduler, running_server
+
+    with running_server(tiny_llm, SlowScheduler, parallel=1) as (srv, sched):
+        body = {"input": "Hello", "max_output_tokens": 100, "ignore_eos": True, "stream": True}
+        kinds, last = [], None
+        with httpx.stream("POST", srv.url + "/v1/responses", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                last = json.loads(line[len("data: ") :])
+                kinds.append(last["type"])
+                if kinds.count("response.output_text.delta") == 1:
+                    threading.Thread(target=sched.shutdown).start()
+        assert kinds[-1] == "response.failed" and "response.completed" not in kinds
+        assert last["response"]["status"] == "failed" and last["response"]["error"]["code"] == "server_error"
+        r = httpx.post(srv.url + "/v1/responses", json={"input": "Hello", "max_output_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+
+
 def test_response_store_is_bounded_and_expires():
     store = ResponseStore(max_items=2, ttl_s=0.2)
     for rid in ("a", "b", "c"):

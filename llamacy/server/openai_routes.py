@@ -1,7 +1,8 @@
 """The OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions.
 
 Both generation endpoints answer n choices (n requests to the scheduler, each its own sequence), whole or
-streamed as server-sent events (llamacy.server.answer); they differ in how a choice is spelled (llamacy.openai_shapes). Streams end with
+streamed as server-sent events, through the answer loops (server/answer.py); they differ in how a choice
+is spelled (llamacy/openai_shapes.py, which the Python API uses too). Streams end with
 a chunk per choice that carries its finish_reason (and, as llama.cpp does, its usage); with
 stream_options.include_usage, as OpenAI does instead: `usage: null` on every chunk, then one last chunk
 with empty choices and the usage of the whole call.

@@ -65,6 +65,7 @@ def assert_anthropic_error(r: httpx.Response, status: int, kind: str, fragment: 
 # ---- messages ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_message_equals_openai(client, tiny_oai, tiny_llm):
     choice, usage = openai_chat(tiny_oai, MSGS)
     m = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY)

@@ -54,6 +54,7 @@ def test_pipe_gets_only_the_completion(tiny_path):
     assert r.stdout.decode() == want
 
 
+@pytest.mark.slow
 def test_stdin_and_file_prompts_match_argument(tiny_path, tmp_path):
     base = ("-m", str(tiny_path), "-n", "6", "--temp", "0", "-t", "1")
     arg = llamacy("run", "hello world", *base).stdout
@@ -90,6 +91,7 @@ def test_invalid_utf8_on_stdin_is_replaced_not_fatal(tiny_path):
         (("--top-p", "1.5"), 2, "top_p"),
     ],
 )
+@pytest.mark.slow
 def test_bad_options_fail_before_work(tiny_path, args, code, fragment):
     assert_one_line_error(llamacy("run", "hi", "-m", str(tiny_path), *args), code, fragment)
 
@@ -128,6 +130,7 @@ def test_prompt_longer_than_context(tiny_path):
     assert_one_line_error(r, 2, "context holds 16")
 
 
+@pytest.mark.slow
 def test_info_json(tiny_path):
     r = llamacy("info", str(tiny_path), "--json", "-c", "32")
     assert r.returncode == 0, r.stderr

@@ -739,6 +739,7 @@ def _llamacy(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llamacy", *args], capture_output=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_cli(f32_models, tmp_path) -> None:
     from llamacy.cli.convert import _TYPES
     from llamacy.convert import TARGETS
@@ -770,6 +771,7 @@ def test_cli(f32_models, tmp_path) -> None:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_to_q8_0_is_fast_and_still_knows_paris(default_model_path, tmp_path) -> None:
     from llamacy import Llama
 

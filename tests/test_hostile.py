@@ -148,6 +148,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 def test_memory_flat_over_5000_tokens(tmp_path):
     from tests.model_factory import write_tiny_model
 

@@ -85,6 +85,7 @@ def _check_logits(path, n: int = 24) -> np.ndarray:
 
 @pytest.mark.parametrize("wtype", LEGACY_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_tiny_models_load_and_give_finite_logits(tiny_model, arch: str, wtype: QT) -> None:
     _check_logits(tiny_model(arch, wtype))
 

@@ -518,6 +518,7 @@ def test_client_disconnect_frees_the_sequence(llm):
 # ---- the command and the default model ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serve_command(tiny_path):
     env = {**os.environ, "LLAMACY_API_KEY": "k"}
     proc = subprocess.Popen(

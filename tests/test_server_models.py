@@ -77,6 +77,7 @@ def ask(cli, model: str | None, **kw) -> str:
     return r["choices"][0]["text"] if "choices" in r else r
 
 
+@pytest.mark.slow
 def test_model_field_picks_the_model_loaded_on_first_use(both, solo):
     with serving(both) as (srv, registry):
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -212,6 +213,7 @@ def test_a_load_waits_for_a_model_that_is_just_going_idle(monkeypatch):
     assert registry.get("a").name == "a"  # b idle again: unloaded to make room
 
 
+@pytest.mark.slow
 def test_idle_models_are_unloaded(both, solo):
     with serving(both, idle_unload_s=0.5) as (srv, _registry):
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)

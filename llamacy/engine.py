@@ -44,7 +44,7 @@ class Llama:
         from llamacy.kernels import ensure_cpu
         from llamacy.memory import check_fits
         from llamacy.model import default_threads
-        from llamacy.model.architectures import config_from_metadata
+        from llamacy.model.archs import config_from_metadata
         from llamacy.model.weights import WeightBinder
         from llamacy.tokenizer import Tokenizer
 
@@ -83,7 +83,7 @@ class Llama:
         )
         check_fits(
             weights,
-            self.config.kv_bytes(self.n_ctx, kv_type=kv_type),
+            self.config.kv_bytes(self.n_ctx, kv_type=kv_type, ubatch=n_batch),
             scratch,
             f"{self.model_path.name} at --ctx-size {self.n_ctx}",
         )

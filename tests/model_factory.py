@@ -6,6 +6,10 @@ so that code which loads a real model loads these too. Weights are random (seede
 logits are O(1) and their argmax varies with the input.
 
     write_tiny_model(path, arch="qwen3", wtype=GGMLQuantizationType.Q4_0, n_layer=3, tie_embeddings=True)
+    write_tiny_model(path, arch="nemotron", tensors={...})  # given arrays (GGUF names) instead of random
+
+nemotron is written as convert_hf_to_gguf.py's NemotronModel writes it (see _write_metadata and
+_random_tensors): LayerNorm weights already holding HF's w + 1, norm biases, no gate, an untied head.
 
 Conventions (as in GGUF): numpy arrays are [out, in]; GGUF lists the shape reversed (ne[0] = in). Matrices
 (token_embd and output included) are stored in `wtype`; norms and biases stay F32 (llama.cpp never
@@ -23,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, LlamaFileType, TokenType
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "nemotron")
 
 # Weight types this factory can write. The legacy types go through gguf.quants.quantize; the K-quants
 # through the simple quantizers below (gguf 0.19 can dequantize them but not quantize).
@@ -69,6 +73,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "final_logit_softcapping": None,  # Gemma 3 has none; Gemma-2-style files may carry one
         "tie_embeddings": True,  # every released Gemma ties the output head to the embeddings
     },
+    "nemotron": {
+        **_COMMON,
+        "n_layer": 3,
+        "head_dim": 16,  # = n_embd / n_head, as convert's rope.dimension_count formula assumes
+        "rope_base": 10000.0,
+        "norm_eps": 1e-5,  # HF norm_eps: convert writes it as layer_norm_epsilon AND layer_norm_rms_epsilon
+        "partial_rotary_factor": 0.5,  # rope.dimension_count = int(factor * n_embd) // n_head
+        "attn_bias": False,  # HF attention_bias: q/k/v/o biases (none in the released models)
+        "mlp_bias": False,  # HF mlp_bias: up/down biases (none in the released models)
+        "tie_embeddings": False,  # llama.cpp's nemotron loader requires output.weight
+    },
 }
 
 
@@ -77,13 +92,16 @@ def write_tiny_model(
     arch: str = "llama",
     wtype: QT = QT.Q8_0,
     seed: int = 0,
+    tensors: dict[str, np.ndarray] | None = None,
     **hparams: Any,
 ) -> Path:
     """Write a tiny random model of `arch` with matrices in `wtype`; returns the path.
 
     hparams (defaults in DEFAULTS): n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, n_vocab,
     rope_base, rms_eps, tie_embeddings, n_rot (llama), rope_scaling_factor, sliding_window and
-    final_logit_softcapping (gemma3).
+    final_logit_softcapping (gemma3), norm_eps, partial_rotary_factor, attn_bias and mlp_bias (nemotron).
+    tensors: write these arrays (numpy order, GGUF names, float) instead of random ones; they must have
+    exactly the names and shapes the random ones would (checked), so the layout stays llama.cpp's.
     """
     if arch not in DEFAULTS:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
@@ -97,15 +115,25 @@ def write_tiny_model(
     path = Path(path)
     rng = np.random.default_rng(seed)
 
-    # Gemma: SentencePiece; the others: byte-level BPE with the pre-tokenizer their real files name.
-    vocab = _spm_vocab() if arch == "gemma3" else _bpe_vocab("smollm" if arch == "llama" else "qwen2")
+    # Gemma, Nemotron: SentencePiece; the others: byte-level BPE with the pre-tokenizer their files name.
+    if arch in ("gemma3", "nemotron"):
+        vocab = _spm_vocab(arch)
+    else:
+        vocab = _bpe_vocab("smollm" if arch == "llama" else "qwen2")
     _pad_vocab(vocab, hp["n_vocab"])
     n_vocab = len(vocab["tokens"])
 
     writer = GGUFWriter(str(path), arch)
     _write_metadata(writer, arch, hp, n_vocab, wtype)
     _write_tokenizer(writer, vocab)
-    for name, array in _random_tensors(arch, hp, n_vocab, rng).items():
+    random = _random_tensors(arch, hp, n_vocab, rng)
+    if tensors is not None:
+        shapes = {k: v.shape for k, v in random.items()}
+        given = {k: np.shape(v) for k, v in tensors.items()}
+        if given != shapes:
+            raise ValueError(f"tensors must be exactly {shapes}, got {given}")
+        random = {k: np.asarray(tensors[k], dtype=np.float32) for k in random}  # llama.cpp's file order
+    for name, array in random.items():
         _add_tensor(writer, name, array, wtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -129,7 +157,9 @@ def _write_metadata(w: GGUFWriter, arch: str, hp: dict[str, Any], n_vocab: int, 
     w.add_feed_forward_length(hp["n_ff"])
     w.add_head_count(n_head)
     w.add_head_count_kv(hp["n_head_kv"])
-    w.add_layer_norm_rms_eps(hp["rms_eps"])
+    # TextModel.set_gguf_parameters: rms eps from "rms_norm_eps" or "norm_eps" (Nemotron's key, so its file
+    # carries layer_norm_rms_epsilon too, unused by llama.cpp's nemotron).
+    w.add_layer_norm_rms_eps(hp["norm_eps"] if arch == "nemotron" else hp["rms_eps"])
     w.add_rope_freq_base(hp["rope_base"])
     if arch == "llama":
         # LlamaModel writes vocab_size and the rotary dimension count (n_embd / n_head unless partial).
@@ -140,6 +170,8 @@ def _write_metadata(w: GGUFWriter, arch: str, hp: dict[str, Any], n_vocab: int, 
             w.add_value_length(head_dim)
     elif hp["n_rot"] is not None:
         raise TypeError(f"n_rot (partial rotary) is only written for llama, not {arch}")
+    if arch == "nemotron":
+        _nemotron_metadata(w, hp, n_vocab)
     if arch in ("qwen3", "gemma3"):
         # Both store head_dim explicitly; it differs from n_embd / n_head in the released models.
         w.add_key_length(head_dim)
@@ -155,6 +187,25 @@ def _write_metadata(w: GGUFWriter, arch: str, hp: dict[str, Any], n_vocab: int, 
         w.add_rope_scaling_factor(hp["rope_scaling_factor"])
     w.add_file_type(FILE_TYPE[wtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _nemotron_metadata(w: GGUFWriter, hp: dict[str, Any], n_vocab: int) -> None:
+    """What NemotronModel.set_gguf_parameters adds to TextModel's keys (convert_hf_to_gguf.py)."""
+    n_embd, n_head, head_dim = hp["n_embd"], hp["n_head"], hp["head_dim"]
+    rot = int(hp["partial_rotary_factor"] * n_embd) // n_head  # convert's formula, from n_embd not head_dim
+    if rot != int(head_dim * hp["partial_rotary_factor"]) or rot % 2:
+        raise ValueError(f"rotary dims {rot}: must be even and equal HF's int(head_dim * factor)")
+    if hp["tie_embeddings"]:
+        raise ValueError("nemotron: llama.cpp requires output.weight (no tied head)")
+    # TextModel writes key/value_length whenever the config has head_dim, and NemotronConfig (read through
+    # AutoConfig) always has one.
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_vocab_size(n_vocab)
+    w.add_layer_norm_eps(hp["norm_eps"])
+    w.add_rope_dimension_count(rot)
+    if hp["rope_scaling_factor"] is None:  # else LINEAR and the factor, as for the other architectures
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
 
 
 # -- tokenizers ----------------------------------------------------------------------------------------
@@ -243,11 +294,24 @@ GEMMA_TEMPLATE = (
 )
 
 
-def _spm_vocab() -> dict[str, Any]:
-    """A SentencePiece (GGUF "llama") vocabulary laid out like Gemma's: specials, the 256 byte-fallback
-    tokens <0x00>..<0xFF>, single characters, then merged pieces with decreasing scores."""
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    types = [TokenType.CONTROL] * 3 + [TokenType.UNKNOWN] + [TokenType.CONTROL] * 2
+NEMOTRON_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<extra_id_0>System\n' + "
+    "message['content'] + '\n' }}{% else %}{{ '<extra_id_1>' + message['role'] + '\n' + message['content'] + "
+    "'\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<extra_id_1>assistant\n' }}{% endif %}"
+)
+
+
+def _spm_vocab(arch: str = "gemma3") -> dict[str, Any]:
+    """A SentencePiece (GGUF "llama") vocabulary laid out like Gemma's (or Nemotron's): specials, the 256
+    byte-fallback tokens <0x00>..<0xFF>, single characters, then merged pieces with decreasing scores."""
+    if arch == "nemotron":
+        # Nemotron's ids: <pad> 0, <unk> 1, <s> 2, </s> 3 (NemotronConfig bos 2 / eos 3; NemotronModel.set_vocab
+        # hard-codes pad 0 and unk 1), and the <extra_id_N> turn markers of its chat template.
+        tokens = ["<pad>", "<unk>", "<s>", "</s>", "<extra_id_0>", "<extra_id_1>"]
+        types = [TokenType.CONTROL, TokenType.UNKNOWN] + [TokenType.CONTROL] * 4
+    else:
+        tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+        types = [TokenType.CONTROL] * 3 + [TokenType.UNKNOWN] + [TokenType.CONTROL] * 2
     scores = [-1000.0] * len(tokens)  # as in Gemma's file
     tokens += [f"<0x{b:02X}>" for b in range(256)]
     types += [TokenType.BYTE] * 256
@@ -268,10 +332,12 @@ def _spm_vocab() -> dict[str, Any]:
         "types": types,
         "merges": None,
         "scores": scores,
-        "special": {"bos": 2, "eos": 1, "unk": 3, "pad": 0},
+        "special": {"bos": 2, "eos": 3, "unk": 1, "pad": 0}
+        if arch == "nemotron"
+        else {"bos": 2, "eos": 1, "unk": 3, "pad": 0},
         "add_bos": True,
-        "add_space_prefix": False,  # convert_hf_to_gguf sets this for Gemma 3
-        "template": GEMMA_TEMPLATE,
+        "add_space_prefix": False,  # convert_hf_to_gguf sets this for Gemma 3; our Nemotron SPM has none
+        "template": NEMOTRON_TEMPLATE if arch == "nemotron" else GEMMA_TEMPLATE,
     }
 
 
@@ -339,6 +405,9 @@ def _random_tensors(
     def bias(n: int) -> np.ndarray:
         return (0.1 * rng.standard_normal(n)).astype(np.float32)
 
+    if arch == "nemotron":
+        return _nemotron_tensors(hp, n_vocab, linear, bias, rng)
+
     t: dict[str, np.ndarray] = {}
     # Tied heads read logits off the embedding rows: scale them so logits have a standard deviation ~2.
     # Gemma multiplies the looked-up embedding by sqrt(n_embd) again, which brings it back to O(1).
@@ -372,6 +441,42 @@ def _random_tensors(
         t["output.weight"] = (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(
             np.float32
         )
+    return t
+
+
+def _nemotron_tensors(
+    hp: dict[str, Any], n_vocab: int, linear: Any, bias: Any, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """llama.cpp's nemotron tensors (src/models/nemotron.cpp, load_arch_tensors). Norm weights are stored as
+    convert writes them, w + 1 of the checkpoint: drawn near 1. Norm biases are always there; attention and
+    MLP biases only with attn_bias / mlp_bias. Q/K rows are in HF order (convert does not permute them)."""
+    n_embd, n_ff, head_dim = hp["n_embd"], hp["n_ff"], hp["head_dim"]
+    q_dim, kv_dim = hp["n_head"] * head_dim, hp["n_head_kv"] * head_dim
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def head() -> np.ndarray:
+        return (2.0 * rng.standard_normal((n_vocab, n_embd)) / np.sqrt(n_embd)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {"token_embd.weight": head()}
+    for i in range(hp["n_layer"]):
+        b = f"blk.{i}."
+        t[b + "attn_norm.weight"], t[b + "attn_norm.bias"] = norm(n_embd), bias(n_embd)
+        for name, n_out in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            t[b + name + ".weight"] = linear(n_out, n_embd)
+            if hp["attn_bias"]:
+                t[b + name + ".bias"] = bias(n_out)
+        t[b + "attn_output.weight"] = linear(n_embd, q_dim)
+        if hp["attn_bias"]:
+            t[b + "attn_output.bias"] = bias(n_embd)
+        t[b + "ffn_norm.weight"], t[b + "ffn_norm.bias"] = norm(n_embd), bias(n_embd)
+        t[b + "ffn_up.weight"] = linear(n_ff, n_embd)
+        t[b + "ffn_down.weight"] = linear(n_embd, n_ff)
+        if hp["mlp_bias"]:
+            t[b + "ffn_up.bias"], t[b + "ffn_down.bias"] = bias(n_ff), bias(n_embd)
+    t["output_norm.weight"], t["output_norm.bias"] = norm(n_embd), bias(n_embd)
+    t["output.weight"] = head()
     return t
 
 

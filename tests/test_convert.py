@@ -203,6 +203,14 @@ def write_hf_model(
     **config: Any,
 ) -> HFModel:
     """A random checkpoint of `arch` in Hugging Face's layout and conventions."""
+    if arch == "nemotron":  # its own module: LayerNorm1P with biases, no gate, Nemotron's SentencePiece ids
+        from tests.hf_nemotron import write_nemotron_hf_model
+
+        if shards != 1 or tokenizer not in (None, "spm"):
+            raise ValueError("nemotron checkpoints are written unsharded with a SentencePiece tokenizer")
+        kw = {"n_layer": n_layer} if n_layer else {}
+        return write_nemotron_hf_model(directory, dtype=dtype, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
+                                       n_head_kv=n_head_kv, head_dim=head_dim, seed=seed, **kw, **config)  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
     gemma = arch == "gemma3"
     tokenizer = tokenizer or ("spm" if gemma else "bpe")

@@ -7,11 +7,14 @@ relative to the logit scale, and argmax must agree wherever the oracle's top two
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
 from llamacy.engine import Llama
+from llamacy.errors import UnsupportedModelError
 from tests.reference.numpy_forward import reference_logits
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
@@ -207,59 +210,52 @@ def test_smollm2_matches_oracle_on_32_positions(default_model_path):
 def test_eval_rejects_bad_input(tiny_model):
     path = tiny_model("llama", QT.Q8_0)
     llm = Llama(path, n_threads=1, n_ctx=16)
-    with pytest.raises(ValueError):
-        llm.model.forward.eval(
-            np.array([10**6], np.int32),
-            np.array([0], np.int32),
-            np.array([0], np.int32),
-            llm.model.kv.k,
-            llm.model.kv.v,
-            np.array([0], np.int32),
-            np.empty((1, llm.n_vocab), np.float32),
-            1,
-        )
-    with pytest.raises(ValueError):  # position past the context
-        llm.model.forward.eval(
-            np.array([1], np.int32),
-            np.array([16], np.int32),
-            np.array([0], np.int32),
-            llm.model.kv.k,
-            llm.model.kv.v,
-            np.array([0], np.int32),
-            np.empty((1, llm.n_vocab), np.float32),
-            1,
-        )
-
-
-def test_eval_rejects_mismatched_arrays_and_caches(tiny_model):
-    path = tiny_model("llama", QT.Q8_0)
-    llm = Llama(path, n_threads=1, n_ctx=16)
-    kv = llm.model.kv
     fwd = llm.model.forward
 
-    def call(pos=(0,), k=kv.k, v=kv.v):
+    def call(tok=(1,), pos=(0,), seq=(0,)):
         fwd.eval(
-            np.array([1], np.int32),
+            np.array(tok, np.int32),
             np.array(pos, np.int32),
-            np.array([0], np.int32),
-            k,
-            v,
+            np.array(seq, np.int32),
             np.array([0], np.int32),
             np.empty((1, llm.n_vocab), np.float32),
             1,
         )
 
     call()  # the well-formed call works
+    with pytest.raises(ValueError, match="vocabulary"):
+        call(tok=(10**6,))
+    with pytest.raises(ValueError, match="outside the context"):
+        call(pos=(16,))
+    with pytest.raises(ValueError, match="outside the memory"):
+        call(seq=(1,))
     with pytest.raises(ValueError, match="same length"):
         call(pos=(0, 1))
-    with pytest.raises(ValueError, match="must both be float32 or both float16"):
-        call(v=kv.v.astype(np.float32))  # the default cache is f16: mixed types
-    with pytest.raises(ValueError, match="must both be float32 or both float16"):
-        call(k=kv.k.astype(np.float64), v=kv.v.astype(np.float64))
-    with pytest.raises(ValueError, match="does not match the model"):
-        call(k=kv.k[:1], v=kv.v[:1])  # one layer instead of two
-    with pytest.raises(TypeError, match="numpy arrays"):
-        call(k=kv.k.tolist())
+
+
+def test_memory_binding_is_checked(tiny_model):
+    """The layer loop reads only memory made for its model: another model's layer count, another
+    micro-batch size (which sizes the sliding-window rings) or no memory at all is an error."""
+    from llamacy.model.memory import Memory
+
+    llm = Llama(tiny_model("llama", QT.Q8_0), n_threads=1, n_ctx=16)
+    fwd, cfg = llm.model.forward, llm.config
+    other = Llama(tiny_model("llama", QT.Q8_0, n_layer=3), n_threads=1, n_ctx=16)
+    with pytest.raises(ValueError, match="number of layers"):
+        fwd.bind_memory(Memory(other.config, 16, 1, "f16", fwd.ubatch_size))
+    with pytest.raises(ValueError, match="micro-batch"):
+        fwd.bind_memory(Memory(cfg, 16, 1, "f16", fwd.ubatch_size + 1))
+    with pytest.raises(ValueError, match="context"):
+        fwd.bind_memory(Memory(cfg, 10**5, 1, "f16", fwd.ubatch_size))
+    fresh = type(fwd)(cfg, llm.model.weights, fwd.ubatch_size, 16, 1)
+    with pytest.raises(ValueError, match="no memory bound"):
+        fresh.eval(
+            *(np.array([1], np.int32),) * 2,
+            np.array([0], np.int32),
+            np.array([0], np.int32),
+            np.empty((1, llm.n_vocab), np.float32),
+            1,
+        )
 
 
 @pytest.mark.slow
@@ -318,22 +314,22 @@ def test_logits_close_to_reference_engine(which, request):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_weights_bind_as_typed_records(tiny_model, arch):
-    """Each architecture's optional tensors arrive as named fields (None where it has none), and a
-    misspelt field fails loudly instead of binding a NULL pointer."""
+def test_weights_bind_by_declared_field(tiny_model, arch):
+    """Each architecture's declared tensors arrive under their field names (None where optional and
+    absent), and a field the C record lacks, or a recipe's block without its tensors, fails loudly
+    instead of binding a NULL pointer."""
     import dataclasses
     import types
 
     from llamacy.gguf import GGUFFile
     from llamacy.model import Model
-    from llamacy.model.architectures import config_from_metadata
-    from llamacy.model.weights import LayerWeights, Matrix, WeightBinder
+    from llamacy.model.archs import config_from_metadata
+    from llamacy.model.weights import Matrix, ModelWeights, WeightBinder
 
     gguf = GGUFFile(tiny_model(arch, QT.Q8_0))
     cfg = config_from_metadata(gguf.metadata, arch)
     weights = WeightBinder(gguf, cfg).bind()
     layer = weights.layers[0]
-    present = {f.name for f in dataclasses.fields(layer) if getattr(layer, f.name) is not None}
     optional = {"bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"}
     expected = {
         "llama": set(),
@@ -341,26 +337,87 @@ def test_weights_bind_as_typed_records(tiny_model, arch):
         "qwen3": {"q_norm", "k_norm"},
         "gemma3": {"q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"},
     }[arch]
-    assert present & optional == expected
-    assert isinstance(layer.wq, Matrix) and layer.wq.cols == cfg.n_embd
-    with pytest.raises(TypeError):
-        dataclasses.replace(layer, post_attention_norm=layer.ffn_norm)  # the GGUF name, not the field's
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        layer.bq = layer.ffn_norm
-    # The layer loop reads the config by field name: one it lacks is an error at load, not a zero.
+    assert {k for k, v in layer.items() if v is not None} & optional == expected
+    assert isinstance(layer["wq"], Matrix) and layer["wq"].cols == cfg.n_embd
     Forward = type(Model(gguf, 16, 1, cfg=cfg).forward)
+    Forward(cfg, weights, 8, 16, 1)  # as bound, it binds
+    misspelt = [dict(lw) for lw in weights.layers]
+    misspelt[1]["post_attention_norm"] = layer["ffn_norm"]  # the GGUF name, not the field's
+    with pytest.raises(ValueError, match="no LayerT field for tensor field 'post_attention_norm'"):
+        Forward(cfg, ModelWeights(weights.fields, misspelt, weights.specs), 8, 16, 1)
+    missing = [dict(lw) for lw in weights.layers]
+    del missing[0]["wq"]
+    with pytest.raises(ValueError, match="layer 0: the recipe's attention tensors are not bound"):
+        Forward(cfg, ModelWeights(weights.fields, missing, weights.specs), 8, 16, 1)
+    # The layer loop reads the config by field name: one it lacks is an error at load, not a zero.
     partial = types.SimpleNamespace(**{k: v for k, v in vars(cfg).items() if k != "attn_scale"})
     with pytest.raises(ValueError, match="attn_scale"):
         Forward(partial, weights, 8, 16, 1)
     with pytest.raises(ValueError, match="activation"):
-        Forward(dataclasses.replace(cfg, activation="relu"), weights, 8, 16, 1)
-    assert isinstance(LayerWeights.__slots__, tuple)  # no stray attributes either
+        Forward(dataclasses.replace(cfg, activation="tanh"), weights, 8, 16, 1)
+
+
+def test_every_c_layer_field_has_a_binding():
+    """binding.pyx writes LayerT by name: every pointer or matrix field of the struct is in its tables (a
+    field added to layout.pxd but not there could never be bound), and every table entry is a field."""
+    import re
+
+    from llamacy.model import binding
+
+    text = (Path(__file__).parent.parent / "llamacy/model/layout.pxd").read_text()
+    body = text[text.index("ctypedef struct LayerT:") :].split("\n\n")[0]
+    fields = set(re.findall(r"^\s+(?:const float\*|WeightT|int|Py_ssize_t|float)\s+(\w+)", body, re.M))
+    assert fields == set(binding.MATRICES) | set(binding.VECTORS) | set(binding.SETTINGS)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "nemotron"])
+def test_every_declared_tensor_is_named_from_the_gguf_table(arch):
+    """Tensor names come from the gguf package's table, and each is one its list gives the architecture."""
+    from gguf import TENSOR_NAMES
+
+    from llamacy.model.archs import ARCHITECTURES
+    from llamacy.model.config import ModelConfig
+
+    a = ARCHITECTURES[arch]
+    moe = dict(n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=32 if arch == "qwen2moe" else 0)
+    cfg = ModelConfig(arch, "", 32, 64, 64, 2, 4, 2, 16, 128, 16, 1e-6, 1e4, **(moe if "moe" in arch else {}))
+    for spec in a.model_tensors(cfg) + a.layer_tensors(cfg, 1):
+        assert spec.tensor in a.gguf_tensors, spec
+        assert spec.name.rsplit(".", 1)[0] == TENSOR_NAMES[spec.tensor].format(bid=1)
+
+
+def test_missing_and_unread_tensors_are_one_line_load_errors(tiny_model, tmp_path):
+    from gguf import GGUFReader, GGUFWriter
+
+    src = tiny_model("llama", QT.F32)
+    reader = GGUFReader(src)
+
+    def rewrite(path, drop=(), extra=None):
+        w = GGUFWriter(str(path), "llama")
+        for f in reader.fields.values():
+            if f.name.startswith(("GGUF.", "general.architecture")):
+                continue
+            w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+        for t in reader.tensors:
+            if t.name not in drop:
+                w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        if extra:
+            w.add_tensor(extra, np.zeros(64, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    with pytest.raises(UnsupportedModelError, match=r"tensor blk\.1\.ffn_up\.weight is missing"):
+        Llama(rewrite(tmp_path / "a.gguf", drop=("blk.1.ffn_up.weight",)), n_ctx=16)
+    with pytest.raises(UnsupportedModelError, match=r"tensor blk\.0\.attn_output\.bias is not part of"):
+        Llama(rewrite(tmp_path / "b.gguf", extra="blk.0.attn_output.bias"), n_ctx=16)
 
 
 def test_hidden_output_buffer_is_checked(tiny_model):
     llm = Llama(tiny_model("llama", QT.Q8_0), n_threads=1, n_ctx=16)
-    kv = llm.model.kv
-    args = (np.array([1, 2], np.int32), np.array([0, 1], np.int32), np.zeros(2, np.int32), kv.k, kv.v)
+    args = (np.array([1, 2], np.int32), np.array([0, 1], np.int32), np.zeros(2, np.int32))
     rows = np.array([1], np.int32)
     with pytest.raises(ValueError, match="does not match"):  # logits-sized buffer for hidden states
         llm.model.forward.eval(*args, rows, np.empty((1, llm.n_vocab), np.float32), 1, True)

@@ -108,7 +108,7 @@ def test_deferred_and_type_checking_imports_count(tmp_path: Path):
     src.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from llamacy.engine import Llama\n"
-        "def f():\n    from llamacy.model import kv_cache\n"
+        "def f():\n    from llamacy.model import memory\n"
     )
     # Importing a submodule runs its package too.
-    assert imports_of(src, "outside") == {"llamacy.engine", "llamacy.model", "llamacy.model.kv_cache"}
+    assert imports_of(src, "outside") == {"llamacy.engine", "llamacy.model", "llamacy.model.memory"}

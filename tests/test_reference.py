@@ -130,6 +130,11 @@ EXPECTED_LAYER_TENSORS["qwen2"] = EXPECTED_LAYER_TENSORS["llama"] | {
 }
 EXPECTED_LAYER_TENSORS["qwen3"] = EXPECTED_LAYER_TENSORS["llama"] | {"attn_q_norm", "attn_k_norm"}
 EXPECTED_LAYER_TENSORS["gemma3"] = EXPECTED_LAYER_TENSORS["qwen3"] | {"post_attention_norm", "post_ffw_norm"}
+# llama.cpp's nemotron (src/models/nemotron.cpp): LayerNorms with biases, no gate.
+EXPECTED_LAYER_TENSORS["nemotron"] = (EXPECTED_LAYER_TENSORS["llama"] - {"ffn_gate"}) | {
+    "attn_norm.bias",
+    "ffn_norm.bias",
+}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -156,6 +161,10 @@ def test_tiny_model_layout(tiny_model, arch: str) -> None:
         assert meta[f"{arch}.attention.key_length"] == hp["head_dim"] != hp["n_embd"] // hp["n_head"]
     if arch == "gemma3":
         assert meta["gemma3.attention.sliding_window"] == hp["sliding_window"]
+    if arch == "nemotron":  # the eps llama.cpp reads, and half of each head rotated
+        assert np.isclose(meta["nemotron.attention.layer_norm_epsilon"], hp["norm_eps"])
+        assert meta["nemotron.rope.dimension_count"] == hp["head_dim"] // 2
+        assert tensors["output_norm.bias"].tensor_type == QT.F32
 
 
 def test_tied_and_untied_heads(tiny_model) -> None:

@@ -123,6 +123,10 @@ def test_verify_token_greedy_is_the_argmax():
 
 
 class _KV:
+    """memory.Memory's contract, for a model that remembers only its tokens: any rollback is exact."""
+
+    max_rollback = None
+
     def __init__(self) -> None:
         self.tokens: list[int] = []
 

@@ -18,7 +18,7 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
     from llamacy.engine import DEFAULT_CTX
     from llamacy.ggml_types import type_name
     from llamacy.gguf import GGUFFile
-    from llamacy.model.architectures import config_from_metadata
+    from llamacy.model.archs import config_from_metadata
 
     path = resolve_model(model)
     f = GGUFFile(path)
@@ -52,6 +52,9 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "tokenizer_pre": md.get("tokenizer.ggml.pre"),
         "chat_template": "tokenizer.chat_template" in md,
         "ctx_size": n_ctx,
+        # Layers grouped by recipe, with the positions of a sequence each keeps (sliding-window layers
+        # only their window: a ring of window + micro-batch - 1 positions, stored twice).
+        "layer_mix": cfg.layer_mix(n_ctx),
         "kv_type": kv_type,
         # Every expert is mapped (weights counts them all); a token reads read_per_token of them.
         "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv, "read_per_token": read},
@@ -96,6 +99,7 @@ def info(
             f"of {d['head_dim']}, feed-forward {d['feed_forward']}",
         ),
         *_expert_rows(d),
+        ("layers", _layer_mix(d)),
         ("context length", str(d["context_length"])),
         ("vocabulary", f"{d['vocab_size']} tokens, {d['tokenizer']} (pre: {d['tokenizer_pre']})"),
         ("chat template", "yes" if d["chat_template"] else "no (a built-in one is chosen)"),
@@ -123,3 +127,18 @@ def _expert_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
             f"(active parameters {d['active_parameters'] / 1e6:.1f} M of {d['parameters'] / 1e6:.1f} M)",
         )
     ]
+
+
+def _layer_mix(d: dict[str, Any]) -> str:
+    parts = []
+    for g in d["layer_mix"]:
+        what = "attention" if g["mixer"] == "attention" else "no mixer"
+        if g["window"]:
+            what = f"sliding-window attention ({g['window']})"
+        kept = (
+            f"keeps {g['positions']} of {d['ctx_size']} positions"
+            if g["memory"] != "none"
+            else "keeps nothing"
+        )
+        parts.append(f"{g['count']} × {what} + {g['ffn']} FFN, {kept}")
+    return "; ".join(parts)

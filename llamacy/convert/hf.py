@@ -1,15 +1,11 @@
 """A Hugging Face checkpoint directory as a conversion source.
 
-config.json names the architecture class; each supported class maps to a GGUF architecture with the
-tensor names, metadata keys and weight transformations that llama.cpp's convert_hf_to_gguf.py uses:
-
-- LlamaForCausalLM -> "llama": Q and K rows permuted so that RoPE rotates adjacent pairs (GGUF's "normal"
-  mode) where Hugging Face rotates halves (rotate_half); rope_type "llama3" scaling becomes a
-  rope_freqs.weight tensor, "linear" scaling the rope.scaling.* keys.
-- Qwen2ForCausalLM -> "qwen2" (q/k/v biases), Qwen3ForCausalLM -> "qwen3" (per-head q/k norms): NEOX RoPE,
-  rows as they are.
-- Gemma3ForCausalLM -> "gemma3": every *norm.weight stored as 1 + w (Gemma's RMSNorm multiplies by 1 + w,
-  llama.cpp by w); sliding window and the local RoPE base in metadata.
+config.json names the architecture class; the architecture file that lists the class in its `hf`
+(llamacy/model/archs/) says how it converts (convert/hf_spec.py's ArchSpec): the GGUF architecture, the
+tensor names, metadata keys and weight transformations that llama.cpp's convert_hf_to_gguf.py uses (Q/K
+rows permuted for llama, norms stored as 1 + w for Gemma and Nemotron, …). Here is what all of them
+share: reading the checkpoint, checking every tensor's shape against config.json, stacking experts,
+Llama 3.1 rope factors, and the common metadata.
 
 Everything the engine could not run the way Hugging Face does (biases where llamacy has none, other RoPE
 scalings, other sliding-window patterns or attention scales) is refused with UnsupportedModelError rather
@@ -22,14 +18,13 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGUFWriter, RopeScalingType, size_label
 
-from llamacy.convert.hf_moe import MIXTRAL_EXPERTS, QWEN_EXPERTS, ExpertSpec, stacked_tensor
+from llamacy.convert.hf_moe import stacked_tensor
+from llamacy.convert.hf_spec import ArchSpec, HFConfig
 from llamacy.convert.hf_tokenizer import add_tokenizer
 from llamacy.convert.mixtures import ModelFacts
 from llamacy.convert.safetensors_io import Checkpoint
@@ -37,226 +32,16 @@ from llamacy.convert.source import Source, SourceTensor
 from llamacy.errors import UnsupportedModelError, UsageError
 from llamacy.ggml_types import GGMLType
 
-# Per-layer tensors every architecture has: Hugging Face suffix (after "model.layers.N.") -> GGUF suffix.
-_LAYER_COMMON = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_QK_NORMS = {"self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
-_GLOBAL = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 # Buffers some checkpoints carry that are not weights.
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-@dataclass(frozen=True)
-class ArchSpec:
-    arch: str
-    layer_map: dict[str, str]
-    tied_default: bool  # tie_word_embeddings when config.json does not say
-    rope_theta_default: float
-    norm_plus_one: bool = False  # Gemma
-    permute_qk: bool = False  # llama
-    check: Callable[[HFConfig], None] = field(default=lambda c: None)
-    experts: ExpertSpec | None = None  # mixture-of-experts layers
+def hf_architectures() -> dict[str, ArchSpec]:
+    """Hugging Face class -> conversion spec, from every architecture file's `hf`."""
+    from llamacy.model.archs import ARCHITECTURES
 
-
-class HFConfig:
-    """config.json, with the hyper-parameters every architecture has checked up front."""
-
-    def __init__(self, path: Path, raw: dict[str, Any]) -> None:
-        self.path = path
-        self.raw = raw
-        self.n_embd = self.positive("hidden_size")
-        self.n_layer = self.positive("num_hidden_layers")
-        self.n_head = self.positive("num_attention_heads")
-        self.n_head_kv = self.positive("num_key_value_heads", self.n_head)
-        self.n_ff = self.positive("intermediate_size")
-        self.n_vocab = self.positive("vocab_size")
-        self.head_dim = self.positive("head_dim", self.n_embd // self.n_head)
-        if self.n_head % self.n_head_kv:
-            raise UsageError(f"{path}: {self.n_head} heads do not split into {self.n_head_kv} KV groups")
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.raw.get(key, default)
-        return default if value is None else value
-
-    def positive(self, key: str, default: int | None = None) -> int:
-        value = self.get(key, default)
-        if value is None:
-            raise UsageError(f"{self.path}: {key} is missing")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"{self.path}: {key} must be a positive integer, got {value!r}")
-        return value
-
-    def rope(self) -> tuple[float | None, dict[str, Any]]:
-        """(rope_theta, scaling settings) of the global layers. transformers < 5 writes rope_theta and
-        rope_scaling; 5 writes rope_parameters (one entry per layer type for Gemma 3)."""
-        params = self.get("rope_parameters", {})
-        params = params.get("full_attention", params)
-        scaling = self.get("rope_scaling", {}) or params
-        return params.get("rope_theta", self.raw.get("rope_theta")), scaling
-
-    @property
-    def rope_type(self) -> str:
-        scaling = self.rope()[1]
-        return str(scaling.get("rope_type", scaling.get("type", "default")) or "default")
-
-
-def _check_rope(c: HFConfig, allowed: tuple[str, ...]) -> None:
-    if c.rope_type not in allowed:
-        raise UnsupportedModelError(f"{c.path}: RoPE scaling {c.rope_type!r} is not supported")
-
-
-def _check_llama(c: HFConfig) -> None:
-    if c.get("attention_bias", False) or c.get("mlp_bias", False):
-        raise UnsupportedModelError(f"{c.path}: llama with attention/MLP biases is not supported")
-    _check_act(c, "hidden_act", "silu")
-    _check_rope(c, ("default", "linear", "llama3"))
-
-
-def _check_qwen(c: HFConfig) -> None:
-    if c.get("use_sliding_window", False):
-        raise UnsupportedModelError(f"{c.path}: Qwen sliding-window attention is not supported")
-    if c.get("attention_bias", False) and c.get("model_type") in ("qwen3", "qwen3_moe"):
-        raise UnsupportedModelError(f"{c.path}: qwen3 with attention biases is not supported")
-    _check_act(c, "hidden_act", "silu")
-    _check_rope(c, ("default", "linear"))
-
-
-def _check_moe(c: HFConfig, norm_topk: bool) -> None:
-    """Every layer a mixture (llama.cpp has no dense layers in these architectures), routed weights
-    renormalised over the chosen experts exactly where llama.cpp does (qwen3moe, Mixtral; not qwen2moe)."""
-    if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers", []):
-        raise UnsupportedModelError(
-            f"{c.path}: dense layers between mixture-of-experts layers are not supported"
-        )
-    if "norm_topk_prob" in c.raw and bool(c.get("norm_topk_prob")) != norm_topk:
-        raise UnsupportedModelError(
-            f"{c.path}: norm_topk_prob={c.get('norm_topk_prob')} (llama.cpp's {c.get('model_type')} uses {norm_topk})"
-        )
-
-
-def _check_qwen3moe(c: HFConfig) -> None:
-    _check_qwen(c)
-    _check_moe(c, True)
-
-
-def _check_qwen2moe(c: HFConfig) -> None:
-    _check_qwen(c)
-    _check_moe(c, False)
-
-
-def _check_mixtral(c: HFConfig) -> None:
-    _check_llama(c)
-    _check_moe(c, True)
-
-
-def _check_gemma3(c: HFConfig) -> None:
-    _check_act(c, "hidden_activation", "gelu_pytorch_tanh", fallback_key="hidden_act")
-    if c.get("attn_logit_softcapping") is not None:
-        raise UnsupportedModelError(f"{c.path}: Gemma 3 attention-logit softcapping is not supported")
-    # llama.cpp scales queries by 1/sqrt(head_dim), or 1/sqrt(n_embd / n_head) for the 27B (62 layers).
-    expected = c.n_embd / c.n_head if c.n_layer == 62 else c.head_dim
-    scalar = c.get("query_pre_attn_scalar", expected)
-    if not math.isclose(float(scalar), float(expected)):
-        raise UnsupportedModelError(
-            f"{c.path}: query_pre_attn_scalar {scalar} (llama.cpp assumes {expected:g})"
-        )
-    # llama.cpp: every 6th layer global, the others sliding-window.
-    layer_types = c.get("layer_types")
-    if layer_types is not None:
-        sliding = [t == "sliding_attention" for t in layer_types]
-    else:
-        period = int(c.get("sliding_window_pattern", 6))
-        sliding = [(i + 1) % period != 0 for i in range(c.n_layer)]
-    if c.get("sliding_window") is not None and sliding != [i % 6 < 5 for i in range(c.n_layer)]:
-        raise UnsupportedModelError(
-            f"{c.path}: sliding-window layers other than every 6th global are not supported"
-        )
-    _check_rope(c, ("default", "linear"))
-
-
-def _check_act(c: HFConfig, key: str, expected: str, fallback_key: str | None = None) -> None:
-    act = c.get(key) or (c.get(fallback_key) if fallback_key else None) or expected
-    if act != expected:
-        raise UnsupportedModelError(f"{c.path}: activation {act!r} is not supported (expected {expected})")
-
-
-_LLAMA_LAYERS = {**_LAYER_COMMON, "post_attention_layernorm.weight": "ffn_norm.weight"}
-_QKV_BIAS = {
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-}
-# Mixture-of-experts layers: no dense feed-forward; a router (and, in qwen2moe, a gated shared expert).
-_MOE_ATTN = {k: v for k, v in _LLAMA_LAYERS.items() if not k.startswith("mlp.")}
-_SHARED_EXPERT = {
-    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
-    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
-    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
-    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
-}
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "LlamaForCausalLM": ArchSpec("llama", _LLAMA_LAYERS, False, 10000.0, permute_qk=True, check=_check_llama),
-    "Qwen2ForCausalLM": ArchSpec(
-        "qwen2",
-        {**_LLAMA_LAYERS, **_QKV_BIAS},
-        False,
-        10000.0,
-        check=_check_qwen,
-    ),
-    "Qwen3ForCausalLM": ArchSpec("qwen3", {**_LLAMA_LAYERS, **_QK_NORMS}, False, 10000.0, check=_check_qwen),
-    "Qwen3MoeForCausalLM": ArchSpec(
-        "qwen3moe",
-        {**_MOE_ATTN, **_QK_NORMS, "mlp.gate.weight": "ffn_gate_inp.weight"},
-        False,
-        10000.0,
-        check=_check_qwen3moe,
-        experts=QWEN_EXPERTS,
-    ),
-    "Qwen2MoeForCausalLM": ArchSpec(
-        "qwen2moe",
-        {**_MOE_ATTN, **_QKV_BIAS, "mlp.gate.weight": "ffn_gate_inp.weight", **_SHARED_EXPERT},
-        False,
-        10000.0,
-        check=_check_qwen2moe,
-        experts=QWEN_EXPERTS,
-    ),
-    "MixtralForCausalLM": ArchSpec(
-        "llama",
-        {**_MOE_ATTN, "block_sparse_moe.gate.weight": "ffn_gate_inp.weight"},
-        False,
-        1_000_000.0,
-        permute_qk=True,
-        check=_check_mixtral,
-        experts=MIXTRAL_EXPERTS,
-    ),
-    "Gemma3ForCausalLM": ArchSpec(
-        "gemma3",
-        {
-            **_LAYER_COMMON,
-            **_QK_NORMS,
-            "post_attention_layernorm.weight": "post_attention_norm.weight",
-            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-            "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-        },
-        True,
-        1_000_000.0,
-        norm_plus_one=True,
-        check=_check_gemma3,
-    ),
-}
+    return {cls: spec for arch in ARCHITECTURES.values() for cls, spec in arch.hf.items()}
 
 
 def load_config(directory: Path) -> tuple[HFConfig, ArchSpec]:
@@ -268,11 +53,12 @@ def load_config(directory: Path) -> tuple[HFConfig, ArchSpec]:
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: cannot read ({e})") from None
     classes = raw.get("architectures") or []
-    spec = next((ARCHITECTURES[c] for c in classes if c in ARCHITECTURES), None)
+    known = hf_architectures()
+    spec = next((known[c] for c in classes if c in known), None)
     if spec is None:
         raise UnsupportedModelError(
             f"{path}: architecture {', '.join(classes) or '(none)'} is not supported "
-            f"(supported: {', '.join(ARCHITECTURES)})"
+            f"(supported: {', '.join(known)})"
         )
     config = HFConfig(path, raw)
     spec.check(config)
@@ -289,6 +75,8 @@ class HFSource(Source):
         self.n_ff_exp = c.positive(ex.width_key) if ex else 0
         if ex and not 1 <= c.positive("num_experts_per_tok") <= self.n_expert:
             raise UsageError(f"{c.path}: num_experts_per_tok must be 1..{self.n_expert}")
+        # The per-layer names: the spec's, plus those its config switches on (biases, …).
+        self.layer_map = {**self.spec.layer_map, **self.spec.optional_layers(c)}
         self.facts = ModelFacts(self.spec.arch, c.n_layer, c.n_head, c.n_head_kv, self.n_expert)
         self.checkpoint = Checkpoint(directory)
         try:
@@ -304,29 +92,29 @@ class HFSource(Source):
         """The GGUF name of a checkpoint tensor; None for tensors that are not written."""
         if _IGNORED.search(hf_name) or (hf_name == "lm_head.weight" and self.tied):
             return None
-        if hf_name in _GLOBAL:
-            return _GLOBAL[hf_name]
+        if hf_name in self.spec.global_map:
+            return self.spec.global_map[hf_name]
         m = _LAYER_RE.match(hf_name)
-        if m and m.group(2) in self.spec.layer_map:
+        if m and m.group(2) in self.layer_map:
             layer = int(m.group(1))
             if layer >= self.config.n_layer:
                 raise UsageError(
                     f"{self.path}: tensor {hf_name} is past num_hidden_layers={self.config.n_layer}"
                 )
-            return f"blk.{layer}.{self.spec.layer_map[m.group(2)]}"
+            return f"blk.{layer}.{self.layer_map[m.group(2)]}"
         raise UnsupportedModelError(
             f"{self.path}: tensor {hf_name!r} has no place in a GGUF {self.spec.arch} model"
         )
 
     def _hf_name(self, gguf_name: str) -> str:
         """The checkpoint name a GGUF tensor comes from (for messages)."""
-        for hf, gguf in _GLOBAL.items():
+        for hf, gguf in self.spec.global_map.items():
             if gguf == gguf_name:
                 return hf
         layer, _, suffix = gguf_name.removeprefix("blk.").partition(".")
         if self.spec.experts and suffix.endswith("_exps.weight"):
             return self.spec.experts.hf_name(int(layer), suffix.removesuffix(".weight"))
-        hf_suffix = next((k for k, v in self.spec.layer_map.items() if v == suffix), suffix)
+        hf_suffix = next((k for k, v in self.layer_map.items() if v == suffix), suffix)
         return f"model.layers.{layer}.{hf_suffix}"
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -354,17 +142,8 @@ class HFSource(Source):
             "ffn_up_exps.weight": (self.n_expert, self.n_ff_exp, c.n_embd),
             "ffn_down_exps.weight": (self.n_expert, c.n_embd, self.n_ff_exp),
         }
-        if self.spec.experts and "mlp.shared_expert_gate.weight" in self.spec.layer_map:
-            fs = c.positive("shared_expert_intermediate_size")
-            per_layer.update(
-                {
-                    "ffn_gate_shexp.weight": (fs, c.n_embd),
-                    "ffn_up_shexp.weight": (fs, c.n_embd),
-                    "ffn_down_shexp.weight": (c.n_embd, fs),
-                    "ffn_gate_inp_shexp.weight": (1, c.n_embd),  # stored [1, n_embd]; written as a vector
-                }
-            )
-        suffixes = list(self.spec.layer_map.values())
+        per_layer.update(self.spec.shapes(c))
+        suffixes = list(self.layer_map.values())
         if self.spec.experts:
             suffixes += [f"{stem}.weight" for stem in self.spec.experts.projections.values()]
         # In the order the file gets them: embeddings, layers, head (as llama.cpp's files).
@@ -373,6 +152,8 @@ class HFSource(Source):
             for suffix in suffixes:
                 shapes[f"blk.{i}.{suffix}"] = per_layer[suffix]
         shapes["output_norm.weight"] = (c.n_embd,)
+        if "output_norm.bias" in self.spec.global_map.values():
+            shapes["output_norm.bias"] = per_layer["output_norm.bias"]
         if not self.tied:
             shapes["output.weight"] = (c.n_vocab, c.n_embd)
         return shapes
@@ -474,7 +255,7 @@ class HFSource(Source):
     def _rope_freqs(self) -> np.ndarray | None:
         """Llama 3.1-style RoPE scaling as per-dimension frequency divisors (convert_hf_to_gguf's
         LlamaModel.generate_extra_tensors)."""
-        if self.spec.arch != "llama" or self.config.rope_type != "llama3":
+        if not self.spec.permute_qk or self.config.rope_type != "llama3":
             return None
         theta, scaling = self.config.rope()
         base = float(theta or self.spec.rope_theta_default)
@@ -512,9 +293,9 @@ class HFSource(Source):
         w.add_type("model")
         w.add_name(str(c.get("_name_or_path") or self.path.name).rstrip("/").split("/")[-1])
         w.add_size_label(size_label(n_params, 0, 0, 0))
-        if arch == "llama":
+        if self.spec.vocab_size_key:
             w.add_vocab_size(c.n_vocab)
-        w.add_context_length(c.positive("max_position_embeddings", 131072 if arch == "gemma3" else None))
+        w.add_context_length(c.positive("max_position_embeddings", self.spec.context_default))
         w.add_embedding_length(c.n_embd)
         w.add_block_count(c.n_layer)
         w.add_feed_forward_length(c.n_ff)
@@ -523,37 +304,24 @@ class HFSource(Source):
         theta, scaling = c.rope()
         w.add_rope_freq_base(float(theta or self.spec.rope_theta_default))
         w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
-        if arch == "llama":
-            w.add_rope_dimension_count(c.head_dim)
-        if "head_dim" in c.raw or arch == "gemma3":
+        if self.spec.rope_dims is not None:
+            w.add_rope_dimension_count(self.spec.rope_dims(c))
+        if "head_dim" in c.raw or self.spec.key_length:
             w.add_key_length(c.head_dim)
             w.add_value_length(c.head_dim)
         if self.n_expert:
             w.add_expert_count(self.n_expert)
             w.add_expert_used_count(c.positive("num_experts_per_tok"))
-            if arch != "llama":  # Mixtral's experts are feed_forward_length wide
+            if self.spec.experts.width_key != "intermediate_size":  # Mixtral's are feed_forward_length wide
                 w.add_expert_feed_forward_length(self.n_ff_exp)
-            if "mlp.shared_expert_gate.weight" in self.spec.layer_map:
-                w.add_expert_shared_feed_forward_length(c.positive("shared_expert_intermediate_size"))
         if c.rope_type == "linear":
             w.add_rope_scaling_type(RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(float(scaling["factor"]))
-        if arch == "gemma3":
-            self._gemma3_metadata(w)
+        self.spec.metadata(w, c)
         w.add_file_type(file_type)
         w.add_quantization_version(GGML_QUANT_VERSION)
         add_tokenizer(w, self.path, arch, c.n_vocab)
-
-    def _gemma3_metadata(self, w: GGUFWriter) -> None:
-        c = self.config
-        if c.get("sliding_window") is not None:
-            w.add_sliding_window(int(c.get("sliding_window")))
-        local = c.get("rope_parameters", {}).get("sliding_attention", {}).get("rope_theta")
-        local = local or c.get("rope_local_base_freq")
-        if local is not None:
-            w.add_rope_freq_base_swa(float(local))
-        if c.get("final_logit_softcapping"):
-            w.add_final_logit_softcapping(float(c.get("final_logit_softcapping")))
+        self.spec.tokenizer(w, c)
 
     def close(self) -> None:
         self.checkpoint.close()

@@ -50,8 +50,6 @@ def add_tokenizer(w: GGUFWriter, directory: Path, arch: str, n_vocab: int) -> No
     """Write the tokenizer of `directory` for a model with `n_vocab` embedding rows."""
     if (directory / "tokenizer.model").is_file():
         n_tokens = _add_sentencepiece(w, directory, n_vocab)
-        if arch == "gemma3":
-            w.add_add_space_prefix(False)  # as convert_hf_to_gguf's Gemma3Model.set_vocab
         SpecialVocab(directory, n_vocab=n_tokens).add_to_gguf(w, quiet=True)
     elif (directory / "tokenizer.json").is_file():
         n_tokens = _add_bpe(w, directory, n_vocab)

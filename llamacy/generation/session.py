@@ -183,4 +183,6 @@ class Session:
         limit = self.n_ctx - length
         if max_tokens is not None:
             limit = min(limit, max_tokens - len(state.tokens) - 1)
+        if self.model.kv.max_rollback is not None:  # rejected drafts must be droppable (memory.py)
+            limit = min(limit, self.model.kv.max_rollback - 1)
         return drafter.propose(state.history, limit)

@@ -1,4 +1,4 @@
-"""A model ready to evaluate: config, weights bound to the layer loop, and a KV cache."""
+"""A model ready to evaluate: config, weights bound to the layer loop, and its per-layer memory."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 
 from llamacy.errors import UnsupportedModelError
-from llamacy.model.architectures import ARCHITECTURES, config_from_metadata
+from llamacy.model.archs import ARCHITECTURES, config_from_metadata
 from llamacy.model.config import ModelConfig
-from llamacy.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache
+from llamacy.model.memory import DEFAULT_KV_TYPE, KV_TYPES, Memory
 from llamacy.model.weights import ModelWeights
 
 __all__ = [
     "ARCHITECTURES",
     "DEFAULT_KV_TYPE",
     "KV_TYPES",
-    "KVCache",
+    "Memory",
     "Model",
     "ModelConfig",
     "default_threads",
@@ -64,7 +64,9 @@ class Model:
             weights  # bound once: other Models over this file can share them (the server's Embedder)
         )
         self.forward = Forward(self.cfg, weights, ubatch, n_ctx, n_threads)
-        self.kv = KVCache(self.cfg, n_ctx, n_seq, kv_type)
+        # The per-layer memory (memory.py); `kv` for the callers that predate it.
+        self.memory = self.kv = Memory(self.cfg, n_ctx, n_seq, kv_type, self.forward.ubatch_size)
+        self.forward.bind_memory(self.memory)
         self._gguf = gguf  # the weights point into its mapping
 
     @property
@@ -105,8 +107,6 @@ class Model:
             tokens.astype(np.int32, copy=False),
             pos.astype(np.int32, copy=False),
             seq.astype(np.int32, copy=False),
-            self.kv.k,
-            self.kv.v,
             rows.astype(np.int32, copy=False),
             out,
             self.n_threads,

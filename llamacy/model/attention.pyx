@@ -1,13 +1,16 @@
 # cython: language_level=3
-"""Attention of a micro-batch over the KV cache: one job item per (token, KV group), with the prefetches
-that keep it from waiting on memory."""
+"""The attention mixer: q/k/v products, RoPE, K/V rows into the layer's memory, attention of a micro-batch
+(one job item per (token, KV group)) with the prefetches that keep it from waiting on memory, and the
+output product."""
 
 from libc.stdint cimport int64_t
 
-from llamacy.kernels.ops cimport attend_group
+from llamacy.kernels.ops cimport add_inplace, attend_group, rope_table
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.simd cimport lc_prefetch, lc_prefetch_l2
-from llamacy.model.layout cimport KVRows, first_visible, kv_offset
+from llamacy.model.layout cimport KVRows, LayerT, Scratch, first_visible, kv_offset, kv_slot
+from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
+from llamacy.model.rowjobs cimport qkv_rows
 
 # Decoding reads each layer's cached K/V rows once per token, and the weights that stream through memory
 # between two tokens evict them from every cache level: without help, attention waits on DRAM for short
@@ -35,12 +38,12 @@ cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize
     for t in range(n):
         p = kv.pos[t]
         first = first_visible(p, window)
-        nbytes = (p - first) * kv.head_dim * kv.es  # the rows before this token's own
+        nbytes = (p - first) * kv.row_bytes  # the rows before this token's own
         for h in range(n_head_kv):
             budget -= 2 * nbytes
             if budget < 0:
                 return
-            off = kv_offset(kv, t, h, first)
+            off = kv_offset(kv, t, h, kv_slot(kv, first))
             for b in range(0, nbytes, 64):
                 lc_prefetch_l2(kv.kl + off + b)
                 lc_prefetch_l2(kv.vl + off + b)
@@ -62,8 +65,8 @@ cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nog
     _item_heads(c, item, &t, &h, &h1)
     p = kv.pos[t]
     cdef Py_ssize_t first = first_visible(p, c.window)
-    cdef Py_ssize_t off = kv_offset(kv, t, h // c.group, first)
-    cdef Py_ssize_t nbytes = min(<Py_ssize_t>ATTN_PF_BYTES, (p - first + 1) * kv.head_dim * kv.es)
+    cdef Py_ssize_t off = kv_offset(kv, t, h // c.group, kv_slot(kv, first))
+    cdef Py_ssize_t nbytes = min(<Py_ssize_t>ATTN_PF_BYTES, (p - first + 1) * kv.row_bytes)
     for b in range(0, nbytes, 64):
         lc_prefetch(kv.kl + off + b)
         lc_prefetch(kv.vl + off + b)
@@ -73,7 +76,7 @@ cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
     """Attention for items begin..end-1 of a micro-batch: each some query heads of one KV group of a token."""
     cdef AttnJob* c = <AttnJob*> ctx
     cdef const KVRows* kv = c.kv
-    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, item, t, h, h1, p, off
+    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, item, t, h, h1, p, off, first, slot
     # Each thread's rows: one of n_ctx floats per head of an item (scratch.pyx sizes them for a whole group).
     cdef float* scores = c.s.scores + tid * c.group * c.n_ctx
     for item in range(begin, end):
@@ -83,9 +86,13 @@ cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
             _prefetch_group(c, item + 1)
         p = kv.pos[t]
         off = kv_offset(kv, t, h // c.group, 0)
-        # Softcap 0: no supported architecture caps attention logits (Gemma 2 did; Gemma 3 does not).
-        attend_group(c.s.q + (t * NH + h) * HD, kv.kl + off, kv.vl + off, first_visible(p, c.window), p, HD,
-                     h1 - h, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.f16)
+        # The visible positions first..p as slots: the same run, shifted into the ring (a ring holds every
+        # window as one contiguous run of slots), so the kernel computes exactly what it would over a
+        # full cache. Softcap 0: no supported architecture caps attention logits.
+        first = first_visible(p, c.window)
+        slot = kv_slot(kv, first)
+        attend_group(c.s.q + (t * NH + h) * HD, kv.kl + off, kv.vl + off, slot, slot + p - first, HD,
+                     h1 - h, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.fmt)
 
 
 cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthreads) noexcept nogil:
@@ -103,3 +110,29 @@ cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthread
     job.n_items = groups * job.parts
     # Chunks of several items: one claim per item would bounce the counter's cache line.
     parallel_for(_attend_task, job, job.n_items, max(1, job.n_items // (8 * nthreads)), nthreads)
+
+
+cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const float* rope_freqs, Py_ssize_t n,
+                          int nthreads) noexcept nogil:
+    """s.o[t] = the attention block of s.xn[t] for the micro-batch's n tokens; K/V rows into memory."""
+    cdef const Scratch* s = aj.s
+    cdef Py_ssize_t E = aj.hp.n_embd, R = aj.hp.n_rot, t
+    cdef int fmt = -1  # q, k and v read the same quantized rows
+    product(pr, &L.wq, s.xn, E, n, s.q, &fmt, nthreads, P_MM_QKV)
+    product(pr, &L.wk, s.xn, E, n, s.k, &fmt, nthreads, P_MM_QKV)
+    product(pr, &L.wv, s.xn, E, n, s.v, &fmt, nthreads, P_MM_QKV)
+    # RoPE's cos/sin per token, rebuilt only when this layer's base or scale differ from the last built.
+    if L.rope_base != aj.rope_base or L.rope_freq_scale != aj.rope_freq_scale:
+        aj.rope_base = L.rope_base
+        aj.rope_freq_scale = L.rope_freq_scale
+        for t in range(n):
+            rope_table(s.cs + t * R, R, aj.kv.pos[t], L.rope_base, L.rope_freq_scale, rope_freqs)
+    # Biases, q/k norms, RoPE; K/V rows into memory. Then every (token, head) pair attends.
+    qkv_rows(pr.rj, L, n, nthreads)
+    lap(pr, P_ELEM)
+    attend_rows(aj, L.window, n, nthreads)
+    lap(pr, P_ATTN)
+    product(pr, &L.wo, s.att, aj.hp.n_head * aj.hp.head_dim, n, s.o, NULL, nthreads, P_MM_O)
+    if L.bo != NULL:
+        for t in range(n):
+            add_inplace(s.o + t * E, L.bo, E)

@@ -1,14 +1,47 @@
 # cython: language_level=3
-"""Typed weight records (llamacy.model.weights) -> the C structs the layer loop reads.
+"""Bound weights (llamacy.model.weights.ModelWeights) -> the C records the layer loop reads.
 
-Each LayerT field is read from the LayerWeights field of the same name, so a name that does not exist
-fails at load (AttributeError) instead of leaving a NULL pointer behind.
+Each field an architecture declares is written into LayerT by name, through a table of the struct's
+fields built here from the struct itself: a declared field the record does not have is an error at load
+(never a pointer left NULL), and a test checks that every LayerT field is in the table.
 """
 
 from libc.stdint cimport uint8_t
 from libc.stdlib cimport calloc, free
 
 from llamacy.kernels.quant cimport act_format
+from llamacy.model.layout cimport FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION, MIXER_NONE
+
+cdef LayerT _probe
+
+
+cdef Py_ssize_t _at(void* field) noexcept:
+    return <char*>field - <char*>&_probe
+
+
+# LayerT's weight fields: name -> byte offset in the struct.
+MATRICES = {
+    "wq": _at(&_probe.wq), "wk": _at(&_probe.wk), "wv": _at(&_probe.wv), "wo": _at(&_probe.wo),
+    "gate": _at(&_probe.gate), "up": _at(&_probe.up), "down": _at(&_probe.down),
+    "gate_inp": _at(&_probe.gate_inp), "gate_exps": _at(&_probe.gate_exps), "up_exps": _at(&_probe.up_exps),
+    "down_exps": _at(&_probe.down_exps), "gate_shexp": _at(&_probe.gate_shexp),
+    "up_shexp": _at(&_probe.up_shexp), "down_shexp": _at(&_probe.down_shexp),
+}
+VECTORS = {
+    "attn_norm": _at(&_probe.attn_norm), "attn_norm_b": _at(&_probe.attn_norm_b),
+    "bq": _at(&_probe.bq), "bk": _at(&_probe.bk), "bv": _at(&_probe.bv),
+    "q_norm": _at(&_probe.q_norm), "k_norm": _at(&_probe.k_norm),
+    "post_attn_norm": _at(&_probe.post_attn_norm), "ffn_norm": _at(&_probe.ffn_norm),
+    "ffn_norm_b": _at(&_probe.ffn_norm_b), "post_ffn_norm": _at(&_probe.post_ffn_norm),
+    "gate_inp_shexp": _at(&_probe.gate_inp_shexp), "bo": _at(&_probe.bo), "up_b": _at(&_probe.up_b),
+    "down_b": _at(&_probe.down_b),
+}
+# LayerT's fields set from the layer's recipe rather than from tensors.
+SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale")
+_MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION}
+_FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE}
+# Model-level fields BoundWeights reads.
+MODEL_FIELDS = ("token_embd", "output", "output_norm", "output_norm_b", "rope_freqs")
 
 
 cdef class BoundWeights:
@@ -24,44 +57,59 @@ cdef class BoundWeights:
     def __init__(self, weights):
         """weights: a llamacy.model.weights.ModelWeights, shapes already checked against the config."""
         self._keep = []
-        self.tok_embd = self._matrix(weights.token_embd)
-        self.output = self._matrix(weights.output)
-        self.output_norm = self._vector(weights.output_norm)
-        self.rope_freqs = self._vector(weights.rope_freqs)
+        unknown = set(weights.fields) - set(MODEL_FIELDS)
+        if unknown:
+            raise ValueError(f"no model-level field for {sorted(unknown)}")
+        self.tok_embd = self._matrix(weights.fields["token_embd"])
+        self.output = self._matrix(weights.fields["output"])
+        self.output_norm = self._vector(weights.fields["output_norm"])
+        self.output_norm_b = self._vector(weights.fields.get("output_norm_b"))
+        self.rope_freqs = self._vector(weights.fields.get("rope_freqs"))
         self.n_layer = len(weights.layers)
         self.layers = <LayerT*> calloc(max(self.n_layer, 1), sizeof(LayerT))
         if self.layers == NULL:
             raise MemoryError()
         cdef LayerT* L
-        for i, d in enumerate(weights.layers):
+        cdef char* base
+        for i, (fields, spec) in enumerate(zip(weights.layers, weights.specs)):
             L = &self.layers[i]
-            L.attn_norm = self._vector(d.attn_norm)
-            L.wq = self._matrix(d.wq)
-            L.wk = self._matrix(d.wk)
-            L.wv = self._matrix(d.wv)
-            L.wo = self._matrix(d.wo)
-            L.bq = self._vector(d.bq)
-            L.bk = self._vector(d.bk)
-            L.bv = self._vector(d.bv)
-            L.q_norm = self._vector(d.q_norm)
-            L.k_norm = self._vector(d.k_norm)
-            L.post_attn_norm = self._vector(d.post_attn_norm)
-            L.ffn_norm = self._vector(d.ffn_norm)
-            L.gate = self._matrix(d.gate)
-            L.up = self._matrix(d.up)
-            L.down = self._matrix(d.down)
-            L.post_ffn_norm = self._vector(d.post_ffn_norm)
-            L.gate_inp = self._matrix(d.gate_inp)
-            L.gate_exps = self._matrix(d.gate_exps)
-            L.up_exps = self._matrix(d.up_exps)
-            L.down_exps = self._matrix(d.down_exps)
-            L.gate_shexp = self._matrix(d.gate_shexp)
-            L.up_shexp = self._matrix(d.up_shexp)
-            L.down_shexp = self._matrix(d.down_shexp)
-            L.gate_inp_shexp = self._vector(d.gate_inp_shexp)
-            L.window = d.window
-            L.rope_base = d.rope_base
-            L.rope_freq_scale = d.rope_freq_scale
+            base = <char*>L
+            for name, value in fields.items():
+                if name in MATRICES:
+                    (<WeightT*>(base + <Py_ssize_t>MATRICES[name]))[0] = self._matrix(value)
+                elif name in VECTORS:
+                    (<const float**>(base + <Py_ssize_t>VECTORS[name]))[0] = self._vector(value)
+                else:
+                    raise ValueError(f"layer {i}: no LayerT field for tensor field {name!r}")
+            L.mixer = _MIXERS[spec.mixer]
+            L.ffn = _FFNS[spec.ffn]
+            L.window = spec.window
+            L.rope_base = spec.rope_base
+            L.rope_freq_scale = spec.rope_freq_scale
+            self._check_layer(i, L)
+
+    cdef void _check_layer(self, Py_ssize_t i, const LayerT* L) except *:
+        """The blocks a recipe runs have the tensors they read (the architecture declares them required;
+        this keeps a declaration and a recipe that disagree from reaching the loop)."""
+        missing = []
+        if L.mixer == MIXER_ATTENTION and (L.attn_norm == NULL or not (L.wq.rows and L.wk.rows and L.wv.rows
+                                                                        and L.wo.rows)):
+            missing.append("attention")
+        if L.ffn != FFN_NONE and L.ffn_norm == NULL:
+            missing.append("ffn_norm")
+        if L.ffn == FFN_GATED and not (L.gate.rows and L.up.rows and L.down.rows):
+            missing.append("gated feed-forward")
+        if L.ffn == FFN_UNGATED and not (L.up.rows and L.down.rows):
+            missing.append("feed-forward")
+        if L.ffn == FFN_MOE and not (L.gate_inp.rows and L.gate_exps.rows and L.up_exps.rows
+                                     and L.down_exps.rows):
+            missing.append("experts")
+        if (L.bq == NULL) != (L.bk == NULL) or (L.bq == NULL) != (L.bv == NULL):
+            missing.append("q/k/v biases")
+        if (L.q_norm == NULL) != (L.k_norm == NULL):
+            missing.append("q/k norms")
+        if missing:
+            raise ValueError(f"layer {i}: the recipe's {', '.join(missing)} tensors are not bound")
 
     cdef WeightT _matrix(self, object m) except *:
         cdef WeightT w

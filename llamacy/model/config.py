@@ -1,7 +1,8 @@
-"""ModelConfig: the hyper-parameters of a model, read from GGUF metadata.
+"""ModelConfig: the hyper-parameters of a model, read from GGUF metadata, and LayerSpec, the recipe of
+one layer (which blocks it runs, which memory it keeps).
 
-Each architecture module fills in what differs (see llamacy/model/architectures.py); this file holds the
-fields and the reading of the keys every architecture shares.
+Each architecture file fills in what differs (llamacy/model/archs/); this file holds the fields and the
+reading of the keys every architecture shares.
 """
 
 from __future__ import annotations
@@ -11,10 +12,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamacy.errors import UnsupportedModelError
-from llamacy.model.kv_types import kv_itemsize
+from llamacy.model.kv_types import kv_row_bytes
 
 ROPE_NORM = 0  # rotate adjacent pairs: llama as GGUF stores it
-ROPE_NEOX = 2  # rotate halves: qwen2/3, gemma3
+ROPE_NEOX = 2  # rotate halves: qwen2/3, gemma3, nemotron
+
+# Block kinds (the layer loop dispatches on them; layout.pxd has their C twins, in the same order).
+NORMS = ("rms", "layer")  # RMSNorm; LayerNorm with bias
+MIXERS = ("none", "attention")  # attention: full, or sliding-window when the layer's window > 0
+FFNS = ("none", "gated", "ungated", "moe")  # moe: plus a shared expert when n_ff_shexp > 0
+ACTIVATIONS = ("silu", "gelu", "relu2")  # gelu: the tanh approximation; relu2: relu(x)^2
+# What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only.
+MEMORY_NONE, MEMORY_KV, MEMORY_WINDOW = "none", "kv", "window"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """The recipe of one layer: norm -> mixer -> residual, norm -> feed-forward -> residual."""
+
+    mixer: str = "attention"
+    ffn: str = "gated"
+    window: int = 0  # sliding-window size in positions; 0 = the whole context
+    rope_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mixer not in MIXERS or self.ffn not in FFNS:
+            raise ValueError(f"unknown block kind in {self}")
+
+    @property
+    def memory(self) -> str:
+        if self.mixer != "attention":
+            return MEMORY_NONE
+        return MEMORY_WINDOW if self.window > 0 else MEMORY_KV
 
 
 @dataclass
@@ -38,13 +68,12 @@ class ModelConfig:
     embd_scale: float = 1.0
     attn_scale: float = 0.0  # 0 means 1/sqrt(head_dim)
     final_softcap: float = 0.0  # logits = c * tanh(logits / c) when > 0 (Gemma-2-style files)
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    post_norms: bool = False
+    norm: str = "rms"
     # Per layer: sliding-window size (0 = global) and RoPE base / frequency scale.
     layer_window: list[int] = field(default_factory=list)
     layer_rope_base: list[float] = field(default_factory=list)
     layer_rope_freq_scale: list[float] = field(default_factory=list)
+    layer_ffn: list[str] = field(default_factory=list)  # per layer; default "gated", or "moe" with experts
     # Mixture of experts (0 experts: a dense model). Each layer routes a token to n_expert_used of
     # n_expert feed-forward blocks of width n_ff_exp; n_ff_shexp > 0 adds a shared expert (qwen2moe).
     n_expert: int = 0
@@ -62,6 +91,32 @@ class ModelConfig:
             self.layer_rope_base = [self.rope_base] * self.n_layer
         if not self.layer_rope_freq_scale:
             self.layer_rope_freq_scale = [self.rope_freq_scale] * self.n_layer
+        if not self.layer_ffn:
+            self.layer_ffn = ["moe" if self.n_expert else "gated"] * self.n_layer
+        if self.norm not in NORMS or self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown norm {self.norm!r} or activation {self.activation!r}")
+        # The loop's activations: act(gate) * up for a gated FFN, relu(up)^2 for an ungated one.
+        for ffn in set(self.layer_ffn):
+            if (
+                ffn not in FFNS
+                or ((ffn == "ungated") != (self.activation == "relu2")
+                and ffn in ("gated", "ungated"))
+            ):
+                raise ValueError(f"a {ffn} feed-forward with {self.activation} is not supported")
+
+    @property
+    def layers(self) -> list[LayerSpec]:
+        """Each layer's recipe."""
+        return [
+            LayerSpec(
+                "attention",
+                self.layer_ffn[i],
+                self.layer_window[i],
+                self.layer_rope_base[i],
+                self.layer_rope_freq_scale[i],
+            )
+            for i in range(self.n_layer)
+        ]
 
     @property
     def kv_width(self) -> int:
@@ -72,14 +127,36 @@ class ModelConfig:
         """Feed-forward weights per layer: (stored, read for one token). Equal for a dense model; a mixture
         stores every expert but a token reads the router, its n_expert_used experts and the shared one."""
         if not self.n_expert:
-            return 3 * self.n_embd * self.n_ff, 3 * self.n_embd * self.n_ff
+            dense = (2 if "ungated" in self.layer_ffn else 3) * self.n_embd * self.n_ff
+            return dense, dense
         expert, shared = 3 * self.n_embd * self.n_ff_exp, 3 * self.n_embd * self.n_ff_shexp
         fixed = self.n_expert * self.n_embd + shared + (self.n_embd if self.n_ff_shexp else 0)
         return fixed + self.n_expert * expert, fixed + self.n_expert_used * expert
 
-    def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16") -> int:
-        """Memory of a KV cache of kv_type (kv_types.KV_TYPES) for n_ctx positions of n_seq sequences."""
-        return 2 * self.n_layer * n_seq * n_ctx * self.kv_width * kv_itemsize(kv_type)
+    def layer_mix(self, n_ctx: int, ubatch: int = 256) -> list[dict[str, Any]]:
+        """The layers grouped by recipe, in order of first appearance: what each runs and how many
+        positions of a sequence it keeps (`llamacy info`)."""
+        groups: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for spec in self.layers:
+            key = (spec.mixer, spec.ffn, spec.window)
+            if key not in groups:
+                groups[key] = {
+                    "mixer": spec.mixer,
+                    "ffn": spec.ffn,
+                    "window": spec.window,
+                    "memory": spec.memory,
+                    "positions": kv_slots(spec, n_ctx, ubatch),
+                    "count": 0,
+                }
+            groups[key]["count"] += 1
+        return list(groups.values())
+
+    def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16", ubatch: int = 256) -> int:
+        """Memory of the K/V rows of kv_type (kv_types.KV_TYPES) for n_ctx positions of n_seq sequences:
+        a sliding-window layer holds only its window (memory.py's ring), a layer without attention none."""
+        row = kv_row_bytes(kv_type, self.head_dim)
+        slots = sum(kv_slots(spec, n_ctx, ubatch) for spec in self.layers)
+        return 2 * n_seq * slots * self.n_head_kv * row
 
 
 class MetadataReader:
@@ -171,3 +248,23 @@ def common_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str
         rope_base=r.float("rope.freq_base", 10000.0),
         rope_freq_scale=freq_scale,
     )
+
+
+def kv_slots(spec: LayerSpec, n_ctx: int, ubatch: int) -> int:
+    """Cached positions a layer keeps per sequence (and KV head): none without attention, n_ctx for full
+    attention; a sliding-window layer keeps a ring of window + ubatch - 1 positions (a micro-batch's
+    tokens all write before any attends, so the ring must not wrap under the batch), stored twice over so
+    that every window is one contiguous run of rows (memory.py). Where that is no smaller than n_ctx, the
+    layer keeps the whole context like a full one."""
+    if spec.memory == MEMORY_NONE:
+        return 0
+    ring = ring_size(spec, n_ctx, ubatch)
+    return 2 * ring if ring else n_ctx
+
+
+def ring_size(spec: LayerSpec, n_ctx: int, ubatch: int) -> int:
+    """The ring's period for a sliding-window layer, or 0 when the layer keeps every position."""
+    if spec.memory != MEMORY_WINDOW:
+        return 0
+    ring = spec.window + max(1, ubatch) - 1
+    return ring if 2 * ring < n_ctx else 0

@@ -22,3 +22,13 @@ def kv_dtype(kv_type: str) -> type:
 def kv_itemsize(kv_type: str) -> int:
     """Bytes per cached value."""
     return np.dtype(kv_dtype(kv_type)).itemsize
+
+
+def kv_format(kv_type: str) -> int:
+    """The attention kernel's row format id (ops.pxd): 0 float32, 1 IEEE half."""
+    return {"f32": 0, "f16": 1}[kv_type] if kv_type in KV_TYPES else kv_dtype(kv_type) and -1
+
+
+def kv_row_bytes(kv_type: str, head_dim: int) -> int:
+    """Bytes of one cached row (head_dim values of one KV head at one position)."""
+    return head_dim * kv_itemsize(kv_type)

@@ -6,10 +6,12 @@ matmul rows do. (A single decoded token runs inline: parallel_for does not split
 
 from libc.stdint cimport int64_t, uint8_t
 
-from llamacy.kernels.ops cimport add_inplace, gelu_mul, rmsnorm, rmsnorm_heads, rope, silu_mul, store_kv_row
+from llamacy.kernels.ops cimport add_inplace, gelu_mul, rmsnorm_heads, rope, silu_mul, store_kv_row
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_row_bytes, quantize_act_row
-from llamacy.model.layout cimport ACT_GELU, HParams, KVRows, LayerT, Scratch, WeightT, kv_offset
+from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, HParams, KVRows, LayerT, Scratch, WeightT, kv_offset,
+                                   kv_slot)
+from llamacy.model.norms cimport norm_row
 
 # Tokens per claim: about four claims per thread, at least ROW_MIN_TOKENS tokens each, so that a few
 # decoded tokens (a server step) stay on one thread unless splitting them pays for the hand-off.
@@ -35,11 +37,23 @@ cdef void _qkv_row(const RowJob* j, Py_ssize_t t) noexcept nogil:
         rmsnorm_heads(k, L.k_norm, hp.n_head_kv, HD, hp.rms_eps)
     rope(q, hp.n_head, HD, hp.n_rot, cs, hp.rope_mode)
     rope(k, hp.n_head_kv, HD, hp.n_rot, cs, hp.rope_mode)
-    # Tokens of a batch write distinct rows (their own position of their own sequence).
+    # Tokens of a batch write distinct rows (their own position of their own sequence); a ring keeps
+    # each row twice (layout.pxd's KVRows).
+    cdef Py_ssize_t slot = kv_slot(kv, kv.pos[t])
     for h in range(hp.n_head_kv):
-        off = kv_offset(kv, t, h, kv.pos[t])
-        store_kv_row(kv.kl + off, k + h * HD, HD, kv.f16)
-        store_kv_row(kv.vl + off, v + h * HD, HD, kv.f16)
+        off = kv_offset(kv, t, h, slot)
+        store_kv_row(kv.kl + off, k + h * HD, HD, kv.fmt)
+        store_kv_row(kv.vl + off, v + h * HD, HD, kv.fmt)
+        if kv.ring:
+            off = kv_offset(kv, t, h, slot + kv.ring)
+            store_kv_row(kv.kl + off, k + h * HD, HD, kv.fmt)
+            store_kv_row(kv.vl + off, v + h * HD, HD, kv.fmt)
+
+
+cdef inline void _relu2(float* x, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        x[i] = x[i] * x[i] if x[i] > 0.0 else 0.0
 
 
 cdef void _rows_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -48,20 +62,22 @@ cdef void _rows_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     cdef float eps = j.hp.rms_eps
     for t in range(begin, end):
         if j.kind == ROW_NORM:
-            rmsnorm(j.src + t * D, j.w, j.dst + t * D, D, eps)
+            norm_row(j.hp.norm, j.src + t * D, j.w, j.b, j.dst + t * D, D, eps)
         elif j.kind == ROW_QUANT:
             quantize_act_row(j.wtype, j.src + t * j.ld_src, j.aq + t * j.rb, D)
         elif j.kind == ROW_ACT:
-            if j.hp.act == ACT_GELU:
+            if j.hp.act == ACT_RELU2:  # ungated: up only
+                _relu2(j.dst + t * D, D)
+            elif j.hp.act == ACT_GELU:
                 gelu_mul(j.dst + t * D, j.src + t * D, D)
             else:
                 silu_mul(j.dst + t * D, j.src + t * D, D)
         elif j.kind == ROW_RESID:
             if j.w != NULL:
-                rmsnorm(j.src + t * D, j.w, <float*>(j.src + t * D), D, eps)
+                norm_row(j.hp.norm, j.src + t * D, j.w, NULL, <float*>(j.src + t * D), D, eps)
             add_inplace(j.dst + t * D, j.src + t * D, D)
             if j.w2 != NULL:
-                rmsnorm(j.dst + t * D, j.w2, j.xn + t * D, D, eps)
+                norm_row(j.hp.norm, j.dst + t * D, j.w2, j.b2, j.xn + t * D, D, eps)
         else:
             _qkv_row(j, t)
 
@@ -72,12 +88,15 @@ cdef inline void _run(RowJob* job, int kind, const float* src, float* dst, const
     job.src = src
     job.dst = dst
     job.w = w
+    if kind != ROW_NORM:
+        job.b = NULL
     job.dim = dim
     parallel_for(_rows_task, job, n, max(<Py_ssize_t>ROW_MIN_TOKENS, n // (4 * nthreads)), nthreads)
 
 
-cdef void norm_rows(RowJob* job, const float* x, const float* w, float* out, Py_ssize_t dim,
+cdef void norm_rows(RowJob* job, const float* x, const float* w, const float* b, float* out, Py_ssize_t dim,
                     Py_ssize_t n, int nthreads) noexcept nogil:
+    job.b = b
     _run(job, ROW_NORM, x, out, w, dim, n, nthreads)
 
 
@@ -96,8 +115,10 @@ cdef void act_rows(RowJob* job, float* gate, const float* up, Py_ssize_t dim, Py
 
 
 cdef void residual_rows(RowJob* job, float* x, float* o, const float* post_norm, const float* next_norm,
-                        float* xn, Py_ssize_t dim, Py_ssize_t n, int nthreads) noexcept nogil:
+                        const float* next_norm_b, float* xn, Py_ssize_t dim, Py_ssize_t n,
+                        int nthreads) noexcept nogil:
     job.w2 = next_norm
+    job.b2 = next_norm_b
     job.xn = xn
     _run(job, ROW_RESID, o, x, post_norm, dim, n, nthreads)
 

@@ -1,5 +1,6 @@
-"""Bind a GGUF file's tensors to the layer loop: find each tensor, check its shape and type, and hand the
-layer loop typed records (Matrix, LayerWeights, ModelWeights), field for field what it reads.
+"""Bind a GGUF file's tensors to the layer loop: find each tensor its architecture declares (archs/), check
+its shape and type, and hand the layer loop typed records (Matrix, vectors, ModelWeights) under the field
+names it reads (binding.pyx maps each onto the C record, and refuses a name it does not know).
 
 Weights stay in the memory-mapped file; only the small norm and bias vectors are copied (to float32).
 """
@@ -13,7 +14,8 @@ import numpy as np
 
 from llamacy.errors import UnsupportedModelError
 from llamacy.ggml_types import BLOCK_LAYOUT, COMPUTE_TYPES, GGMLType, type_name
-from llamacy.model.config import ModelConfig
+from llamacy.model.archs.base import EXPERTS, MATRIX, TensorSpec
+from llamacy.model.config import LayerSpec, ModelConfig
 
 Vector = np.ndarray  # float32, contiguous
 
@@ -30,51 +32,27 @@ class Matrix:
 
 
 @dataclass(frozen=True, slots=True)
-class LayerWeights:
-    """One block's weights and per-layer settings. Optional vectors are None where the architecture has
-    none (the layer loop skips that step)."""
-
-    attn_norm: Vector
-    wq: Matrix
-    wk: Matrix
-    wv: Matrix
-    wo: Matrix
-    ffn_norm: Vector
-    gate: Matrix | None  # the dense feed-forward block; None in a mixture-of-experts layer
-    up: Matrix | None
-    down: Matrix | None
-    window: int  # sliding-window size in positions; 0 = the whole context
-    rope_base: float
-    rope_freq_scale: float
-    bq: Vector | None = None  # q/k/v biases (qwen2)
-    bk: Vector | None = None
-    bv: Vector | None = None
-    q_norm: Vector | None = None  # per-head q/k RMSNorm (qwen3, gemma3)
-    k_norm: Vector | None = None
-    post_attn_norm: Vector | None = None  # norms after attention and after the FFN (gemma3)
-    post_ffn_norm: Vector | None = None
-    # Mixture of experts: the router [n_expert, n_embd] and the experts stacked along the rows (expert e's
-    # matrix is rows [e * r, (e + 1) * r) of r = rows / n_expert); a shared expert and its gate (qwen2moe).
-    gate_inp: Matrix | None = None
-    gate_exps: Matrix | None = None
-    up_exps: Matrix | None = None
-    down_exps: Matrix | None = None
-    gate_shexp: Matrix | None = None
-    up_shexp: Matrix | None = None
-    down_shexp: Matrix | None = None
-    gate_inp_shexp: Vector | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ModelWeights:
-    token_embd: Matrix
-    output: Matrix  # token_embd itself when the head is tied to the embeddings
-    output_norm: Vector
-    rope_freqs: Vector | None  # per-frequency divisors (Llama 3.1 style), or None
-    layers: list[LayerWeights]
+    """Every tensor an architecture declares, bound: model-level fields (token_embd, output, output_norm,
+    rope_freqs …) and, per layer, its fields (wq, attn_norm …) with its recipe. A field the architecture
+    declares optional and the file lacks is None; `output` is token_embd itself when the head is tied."""
+
+    fields: dict[str, Matrix | Vector | None]
+    layers: list[dict[str, Matrix | Vector | None]]
+    specs: list[LayerSpec]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class WeightBinder:
+    """Binds the tensors an architecture declares (archs/): each found by its GGUF name, its shape and
+    type checked; a required one missing, or a tensor in the file that no declaration reads (which the
+    engine would silently ignore), is a one-line error naming it."""
+
     def __init__(self, gguf: Any, cfg: ModelConfig) -> None:
         self.tensors = gguf.tensors
         self.cfg = cfg
@@ -137,58 +115,38 @@ class WeightBinder:
         raise UnsupportedModelError(f"{self.source}: vector {name} has unsupported type {type_name(t.type)}")
 
     def bind(self) -> ModelWeights:
+        from llamacy.model.archs import ARCHITECTURES
+
         c = self.cfg
-        E, V = c.n_embd, c.n_vocab
-        embd = self.matrix("token_embd.weight", V, E)
-        return ModelWeights(
-            token_embd=embd,
-            output=self.matrix("output.weight", V, E, optional=True) or embd,  # tied embeddings
-            output_norm=self.vector("output_norm.weight", E),
-            rope_freqs=self.vector("rope_freqs.weight", c.n_rot // 2, optional=True),
-            layers=[self._layer(i) for i in range(c.n_layer)],
-        )
+        arch = ARCHITECTURES[c.arch]
+        used: set[str] = set()
+        fields = self._bind_all(arch.model_tensors(c), used)
+        if fields.get("output") is None:
+            fields["output"] = fields["token_embd"]  # tied embeddings
+        layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
+        unread = sorted(set(self.tensors) - used)
+        if unread:
+            raise UnsupportedModelError(
+                f"{self.source}: tensor {unread[0]} is not part of a {c.arch} model as llamacy runs it"
+                + (f" (and {len(unread) - 1} more)" if len(unread) > 1 else "")
+            )
+        return ModelWeights(fields, layers, c.layers)
 
-    def _layer(self, i: int) -> LayerWeights:
-        c = self.cfg
-        E, F, HD = c.n_embd, c.n_ff, c.head_dim
-        QW, KVW = c.n_head * HD, c.kv_width
-        p = f"blk.{i}."
-        vec = self.vector
+    def _bind_all(self, specs: list[TensorSpec], used: set[str]) -> dict[str, Matrix | Vector | None]:
+        out: dict[str, Matrix | Vector | None] = {}
+        for spec in specs:
+            if spec.field in out:
+                raise ValueError(f"{self.cfg.arch}: field {spec.field} declared twice")
+            out[spec.field] = self._bind(spec)
+            used.add(spec.name)
+        return out
 
-        def optional(present: bool, name: str, n: int) -> Vector | None:
-            return vec(p + name, n) if present else None
-
-        moe, shared = c.n_expert > 0, c.n_ff_shexp > 0
-        FE, FS = c.n_ff_exp, c.n_ff_shexp
-        return LayerWeights(
-            attn_norm=vec(p + "attn_norm.weight", E),
-            wq=self.matrix(p + "attn_q.weight", QW, E),
-            wk=self.matrix(p + "attn_k.weight", KVW, E),
-            wv=self.matrix(p + "attn_v.weight", KVW, E),
-            wo=self.matrix(p + "attn_output.weight", E, QW),
-            ffn_norm=vec(p + "ffn_norm.weight", E),
-            gate=None if moe else self.matrix(p + "ffn_gate.weight", F, E),
-            up=None if moe else self.matrix(p + "ffn_up.weight", F, E),
-            down=None if moe else self.matrix(p + "ffn_down.weight", E, F),
-            window=c.layer_window[i],
-            rope_base=c.layer_rope_base[i],
-            rope_freq_scale=c.layer_rope_freq_scale[i],
-            bq=optional(c.qkv_bias, "attn_q.bias", QW),
-            bk=optional(c.qkv_bias, "attn_k.bias", KVW),
-            bv=optional(c.qkv_bias, "attn_v.bias", KVW),
-            q_norm=optional(c.qk_norm, "attn_q_norm.weight", HD),
-            k_norm=optional(c.qk_norm, "attn_k_norm.weight", HD),
-            post_attn_norm=optional(c.post_norms, "post_attention_norm.weight", E),
-            post_ffn_norm=optional(c.post_norms, "post_ffw_norm.weight", E),
-            gate_inp=self.matrix(p + "ffn_gate_inp.weight", c.n_expert, E) if moe else None,
-            gate_exps=self.experts(p + "ffn_gate_exps.weight", FE, E) if moe else None,
-            up_exps=self.experts(p + "ffn_up_exps.weight", FE, E) if moe else None,
-            down_exps=self.experts(p + "ffn_down_exps.weight", E, FE) if moe else None,
-            gate_shexp=self.matrix(p + "ffn_gate_shexp.weight", FS, E) if shared else None,
-            up_shexp=self.matrix(p + "ffn_up_shexp.weight", FS, E) if shared else None,
-            down_shexp=self.matrix(p + "ffn_down_shexp.weight", E, FS) if shared else None,
-            gate_inp_shexp=optional(shared, "ffn_gate_inp_shexp.weight", E),
-        )
+    def _bind(self, spec: TensorSpec) -> Matrix | Vector | None:
+        if spec.kind == MATRIX:
+            return self.matrix(spec.name, *spec.shape, optional=spec.optional)
+        if spec.kind == EXPERTS:
+            return self.experts(spec.name, spec.shape[1], spec.shape[2])
+        return self.vector(spec.name, spec.shape[0], optional=spec.optional)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,12 @@ import numpy as np
 
 from llamacy.generation import Step
 from llamacy.generation.steps import verified_steps
-from llamacy.model.kv_cache import KVCache
+from llamacy.model.memory import Memory
 from llamacy.scheduler.plan import Running
 from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
 
 
-def verify(s: Running, rows: np.ndarray, kv: KVCache) -> tuple[Step, int]:
+def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
     """s evaluated its next token and s.draft in this step; rows are its logits (the last pending token's,
     then each draft's). Take the steps plain decoding would take while the drafts hold, send their text, cut
     the rejected drafts from the cache. Returns the last step and the tokens generated."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from llamacy.generation import SequenceState, TokenLogprob
 from llamacy.generation.speculate import ModelDrafter, NgramDrafter
-from llamacy.model.kv_cache import KVCache
+from llamacy.model.memory import Memory
 from llamacy.scheduler.requests import Handle
 
 
@@ -80,7 +80,7 @@ class StepPlan:
             np.asarray(self.rows, np.int32),
         )
 
-    def record(self, kv: KVCache) -> None:
+    def record(self, kv: Memory) -> None:
         """After the batch was evaluated: the cache holds its tokens, the prompts have advanced."""
         for s in self.decoding:
             kv.append(s.slot, [s.next_token, *s.next_forced, *s.draft])  # type: ignore[list-item]
@@ -89,7 +89,7 @@ class StepPlan:
             s.n_prompt_done += len(chunk)
 
 
-def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_chunk: int) -> StepPlan:
+def plan_step(active: Iterable[Running], kv: Memory, prefill_chunk: int, solo_chunk: int) -> StepPlan:
     """A token for every decoding sequence, then prompt chunks, oldest request first."""
     plan = StepPlan()
     active = list(active)
@@ -101,7 +101,7 @@ def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_c
     for s in plan.decoding:
         pending = [s.next_token, *s.next_forced]  # forced tokens: one batch with the sampled one
         start = kv.length(s.slot)
-        s.draft = draft_for(s, start + len(pending), kv.n_ctx) if alone else []
+        s.draft = draft_for(s, start + len(pending), kv.n_ctx, kv.max_rollback) if alone else []
         new = pending + s.draft
         plan.tokens.extend(new)  # type: ignore[arg-type]
         plan.pos.extend(range(start, start + len(new)))
@@ -127,12 +127,15 @@ def plan_step(active: Iterable[Running], kv: KVCache, prefill_chunk: int, solo_c
     return plan
 
 
-def draft_for(s: Running, length: int, n_ctx: int) -> list[int]:
+def draft_for(s: Running, length: int, n_ctx: int, max_rollback: int | None = None) -> list[int]:
     """Tokens s drafts after its pending ones, which the cache will hold at `length`: no more than fit
-    the context or its max_tokens (the position after the last draft must still be sampled)."""
+    the context or its max_tokens (the position after the last draft must still be sampled), nor more
+    than the memory can drop again when they are rejected (memory.py's max_rollback)."""
     if s.drafter is None:
         return []
     limit = n_ctx - length
+    if max_rollback is not None:
+        limit = min(limit, max_rollback - 1)
     if s.state.max_tokens is not None:
         limit = min(limit, s.state.max_tokens - len(s.state.tokens) - 1)
     return s.drafter.propose(s.state.history, limit)

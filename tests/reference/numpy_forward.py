@@ -47,6 +47,21 @@ gemma3   From llama.cpp src/models/gemma3.cpp (llm_build_gemma3<iswa>), llama-mo
            > 0; convert writes it only when the HF config has one, which no released Gemma 3 has
            (llama.cpp's iswa graph never applies it; its non-SWA graph does).
          - output head tied to token_embd in every released model.
+nemotron From llama.cpp src/models/nemotron.cpp (llama_model_nemotron: load_arch_hparams, load_arch_tensors,
+         graph), llama-model.cpp (llama_model_rope_type: LLM_ARCH_NEMOTRON → LLAMA_ROPE_TYPE_NEOX),
+         llm_graph_context::build_norm / build_ffn, and convert's NemotronModel; cross-checked against HF
+         modeling_nemotron (NemotronLayerNorm1P, partial_rotary_factor, NemotronMLP):
+         - every norm is LLM_NORM, a LayerNorm: ggml_norm(x, eps) = (x - mean) / sqrt(var + eps) with the
+           biased variance, then ggml_mul by the weight and ggml_add of the bias (attn_norm, ffn_norm and
+           output_norm each have .weight and .bias, all required). The weight is used AS STORED: HF's
+           LayerNorm1P computes with w + 1 and convert writes w + 1 for every *norm.weight. eps is
+           nemotron.attention.layer_norm_epsilon (LLM_KV_ATTENTION_LAYERNORM_EPS, the only eps read).
+         - attention: q, k, v (optional biases), no permutation (NemotronModel is a plain TextModel), RoPE
+           NEOX over the first n_rot = rope.dimension_count dims of each head, the rest passed through;
+           kq scale 1/sqrt(head_dim); attn_output with an optional bias.
+         - FFN: LLM_FFN_RELU_SQR, LLM_FFN_SEQ: down(relu(up·x + b_up)²) + b_down, no gate; biases
+           optional.
+         - output.weight is required (no tied fallback in load_arch_tensors): a file without it is refused.
 """
 
 from __future__ import annotations
@@ -62,7 +77,8 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "nemotron")
+NORM_RMS, NORM_LAYER = "rms", "layer"
 ROPE_NORMAL, ROPE_NEOX = "normal", "neox"
 GEMMA3_SWA_PERIOD = 6
 GEMMA3_ROPE_BASE_SWA = 10000.0
@@ -81,7 +97,8 @@ class Config:
     head_dim_k: int
     head_dim_v: int
     n_rot: int
-    rms_eps: float
+    norm: str  # NORM_RMS (ggml_rms_norm) or NORM_LAYER (ggml_norm, with a bias)
+    norm_eps: float
     rope_type: str
     rope_base: float
     rope_freq_scale: float  # 1 / linear scaling factor
@@ -157,6 +174,10 @@ class RefModel:
             n_layer = int(key("block_count"))
             kq_scale = 1.0 / math.sqrt(n_embd / n_head if n_layer == 62 else head_dim_k)
 
+        if arch == "nemotron" and "output.weight" not in self.tensors:
+            raise ValueError(
+                f"{self.path.name}: nemotron needs output.weight (llama.cpp has no tied fallback)"
+            )
         if "token_embd.weight" not in self.tensors:
             raise ValueError(f"{self.path.name}: no token_embd.weight")
         return Config(
@@ -169,7 +190,14 @@ class RefModel:
             head_dim_k=head_dim_k,
             head_dim_v=head_dim_v,
             n_rot=n_rot,
-            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+            norm=NORM_LAYER if arch == "nemotron" else NORM_RMS,
+            norm_eps=float(
+                key(
+                    "attention.layer_norm_epsilon"
+                    if arch == "nemotron"
+                    else "attention.layer_norm_rms_epsilon"
+                )
+            ),
             rope_type=ROPE_NORMAL if arch == "llama" else ROPE_NEOX,
             rope_base=float(self.meta(f"{arch}.rope.freq_base", 10000.0)),
             rope_freq_scale=rope_freq_scale,
@@ -199,6 +227,12 @@ def load(path: str | Path) -> RefModel:
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """Over the last axis; w broadcasts (one vector for all heads in the q/k norms)."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """ggml_norm (mean subtracted, biased variance) then ggml_mul by w and ggml_add of b."""
+    xc = x - x.mean(axis=-1, keepdims=True)
+    return xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps) * w + b
 
 
 def rope(
@@ -262,17 +296,21 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 # -- the forward pass ----------------------------------------------------------------------------------
 
 
-def reference_logits(path: str | Path, tokens: list[int], kv_type: str = "f32") -> np.ndarray:
-    """Logits [len(tokens), n_vocab] (float32) for every position of `tokens`, from an empty cache.
+def reference_logits(
+    path: str | Path, tokens: list[int], kv_type: str = "f32", dtype: Any = np.float32
+) -> np.ndarray:
+    """Logits [len(tokens), n_vocab] (float32, or `dtype`) for every position of `tokens`, from an empty
+    cache.
 
     kv_type "f16": K and V (after RoPE) are rounded to IEEE half, as a half-precision KV cache stores
-    them; everything else stays float64."""
+    them; everything else stays float64. dtype=np.float64 keeps the oracle's own precision (for comparing
+    it with another float64 oracle)."""
     m = load(path)
     logits = _head(m, _final_hidden(m, tokens, kv_type))
     c = m.config
     if c.final_logit_softcap > 0:
         logits = c.final_logit_softcap * np.tanh(logits / c.final_logit_softcap)
-    return logits.astype(np.float32)
+    return logits.astype(dtype)
 
 
 def reference_hidden(path: str | Path, tokens: list[int], kv_type: str = "f32") -> np.ndarray:
@@ -290,6 +328,7 @@ def _final_hidden(m: RefModel, tokens: list[int], kv_type: str) -> np.ndarray:
     n = len(tokens)
     pos = np.arange(n)
     gemma = c.arch == "gemma3"
+    nemotron = c.arch == "nemotron"
     freq_factors = m.weight("rope_freqs.weight") if "rope_freqs.weight" in m.tensors else None
 
     x = m.rows("token_embd.weight", tokens)  # [n, n_embd]
@@ -304,18 +343,21 @@ def _final_hidden(m: RefModel, tokens: list[int], kv_type: str) -> np.ndarray:
 
         def linear(h: np.ndarray, name: str, b: str = b) -> np.ndarray:
             y = h @ m.weight(b + name + ".weight").T
-            if b + name + ".bias" in m.tensors:  # qwen2's q/k/v
+            if b + name + ".bias" in m.tensors:  # qwen2's q/k/v; nemotron's optional biases
                 y = y + m.weight(b + name + ".bias")
             return y
 
+        def norm(h: np.ndarray, name: str, b: str = b) -> np.ndarray:
+            return _norm(m, h, b + name)
+
         # attention
-        h = rms_norm(x, w("attn_norm.weight"), c.rms_eps)
+        h = norm(x, "attn_norm")
         q = linear(h, "attn_q").reshape(n, c.n_head, c.head_dim_k)
         k = linear(h, "attn_k").reshape(n, c.n_head_kv, c.head_dim_k)
         v = linear(h, "attn_v").reshape(n, c.n_head_kv, c.head_dim_v)
         if b + "attn_q_norm.weight" in m.tensors:  # qwen3, gemma3
-            q = rms_norm(q, w("attn_q_norm.weight"), c.rms_eps)
-            k = rms_norm(k, w("attn_k_norm.weight"), c.rms_eps)
+            q = rms_norm(q, w("attn_q_norm.weight"), c.norm_eps)
+            k = rms_norm(k, w("attn_k_norm.weight"), c.norm_eps)
         local = c.is_swa(il)
         base = c.rope_base_swa if local else c.rope_base
         freq_scale = 1.0 if local else c.rope_freq_scale
@@ -327,18 +369,29 @@ def _final_hidden(m: RefModel, tokens: list[int], kv_type: str) -> np.ndarray:
         a = attention(q, k, v, c.kq_scale, c.n_swa if local else 0)
         a = linear(a, "attn_output")
         if gemma:
-            a = rms_norm(a, w("post_attention_norm.weight"), c.rms_eps)
+            a = rms_norm(a, w("post_attention_norm.weight"), c.norm_eps)
         x = x + a
 
         # feed-forward
-        h = rms_norm(x, w("ffn_norm.weight"), c.rms_eps)
-        act = gelu_tanh if gemma else silu
-        f = linear(act(linear(h, "ffn_gate")) * linear(h, "ffn_up"), "ffn_down")
+        h = norm(x, "ffn_norm")
+        if nemotron:  # LLM_FFN_RELU_SQR, LLM_FFN_SEQ: no gate
+            f = linear(np.maximum(linear(h, "ffn_up"), 0.0) ** 2, "ffn_down")
+        else:
+            act = gelu_tanh if gemma else silu
+            f = linear(act(linear(h, "ffn_gate")) * linear(h, "ffn_up"), "ffn_down")
         if gemma:
-            f = rms_norm(f, w("post_ffw_norm.weight"), c.rms_eps)
+            f = rms_norm(f, w("post_ffw_norm.weight"), c.norm_eps)
         x = x + f
 
-    return rms_norm(x, m.weight("output_norm.weight"), c.rms_eps)
+    return _norm(m, x, "output_norm")
+
+
+def _norm(m: RefModel, x: np.ndarray, name: str) -> np.ndarray:
+    """The architecture's block norm: RMSNorm, or (nemotron) LayerNorm with its bias."""
+    c = m.config
+    if c.norm == NORM_LAYER:
+        return layer_norm(x, m.weight(name + ".weight"), m.weight(name + ".bias"), c.norm_eps)
+    return rms_norm(x, m.weight(name + ".weight"), c.norm_eps)
 
 
 def _head(m: RefModel, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,182 @@
+"""How a Hugging Face checkpoint maps onto a GGUF architecture: config.json read and checked (HFConfig), and
+the conversion spec (ArchSpec) that each architecture file (llamacy/model/archs/) declares for the classes
+it converts from, with the shared tensor-name maps and checks those specs compose.
+
+Names and metadata keys follow llama.cpp's convert_hf_to_gguf.py. Everything the engine could not run the
+way Hugging Face does is refused (UnsupportedModelError) rather than converted into a file that would
+compute something else: that is what the `check` of a spec is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFWriter
+
+from llamacy.convert.hf_moe import ExpertSpec
+from llamacy.errors import UnsupportedModelError, UsageError
+
+# Per-layer tensors most architectures have: Hugging Face suffix (after "model.layers.N.") -> GGUF suffix.
+LAYER_COMMON = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+QK_NORMS = {"self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
+LLAMA_LAYERS = {**LAYER_COMMON, "post_attention_layernorm.weight": "ffn_norm.weight"}
+QKV_BIAS = {
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+}
+# Mixture-of-experts layers: no dense feed-forward; a router (and, in qwen2moe, a gated shared expert).
+MOE_ATTN = {k: v for k, v in LLAMA_LAYERS.items() if not k.startswith("mlp.")}
+SHARED_EXPERT = {
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+class HFConfig:
+    """config.json, with the hyper-parameters every architecture has checked up front."""
+
+    def __init__(self, path: Path, raw: dict[str, Any]) -> None:
+        self.path = path
+        self.raw = raw
+        self.n_embd = self.positive("hidden_size")
+        self.n_layer = self.positive("num_hidden_layers")
+        self.n_head = self.positive("num_attention_heads")
+        self.n_head_kv = self.positive("num_key_value_heads", self.n_head)
+        self.n_ff = self.positive("intermediate_size")
+        self.n_vocab = self.positive("vocab_size")
+        self.head_dim = self.positive("head_dim", self.n_embd // self.n_head)
+        if self.n_head % self.n_head_kv:
+            raise UsageError(f"{path}: {self.n_head} heads do not split into {self.n_head_kv} KV groups")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key, default)
+        return default if value is None else value
+
+    def positive(self, key: str, default: int | None = None) -> int:
+        value = self.get(key, default)
+        if value is None:
+            raise UsageError(f"{self.path}: {key} is missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{self.path}: {key} must be a positive integer, got {value!r}")
+        return value
+
+    def rope(self) -> tuple[float | None, dict[str, Any]]:
+        """(rope_theta, scaling settings) of the global layers. transformers < 5 writes rope_theta and
+        rope_scaling; 5 writes rope_parameters (one entry per layer type for Gemma 3)."""
+        params = self.get("rope_parameters", {})
+        params = params.get("full_attention", params)
+        scaling = self.get("rope_scaling", {}) or params
+        return params.get("rope_theta", self.raw.get("rope_theta")), scaling
+
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope()[1]
+        return str(scaling.get("rope_type", scaling.get("type", "default")) or "default")
+
+
+def _no_check(c: HFConfig) -> None:
+    pass
+
+
+def _no_metadata(w: GGUFWriter, c: HFConfig) -> None:
+    pass
+
+
+def _no_shapes(c: HFConfig) -> dict[str, tuple[int, ...]]:
+    return {}
+
+
+def _no_layers(c: HFConfig) -> dict[str, str]:
+    return {}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one Hugging Face class converts: the GGUF architecture, the per-layer tensor names, the
+    transforms (Q/K permutation, norm + 1), the checks, and the metadata beyond the common keys."""
+
+    arch: str
+    layer_map: dict[str, str]
+    tied_default: bool  # tie_word_embeddings when config.json does not say
+    rope_theta_default: float
+    norm_plus_one: bool = False  # Gemma's x * (1 + w), Nemotron's LayerNorm1p: stored as 1 + w
+    permute_qk: bool = False  # llama
+    check: Callable[[HFConfig], None] = _no_check
+    experts: ExpertSpec | None = None  # mixture-of-experts layers
+    global_map: dict[str, str] = field(default_factory=lambda: dict(GLOBAL))
+    # Per-layer names a checkpoint has only when its config says so (e.g. attention_bias).
+    optional_layers: Callable[[HFConfig], dict[str, str]] = _no_layers
+    # GGUF suffix -> shape of the tensors this architecture has beyond the common table (hf.py).
+    shapes: Callable[[HFConfig], dict[str, tuple[int, ...]]] = _no_shapes
+    metadata: Callable[[GGUFWriter, HFConfig], None] = _no_metadata
+    # Tokenizer keys the architecture's converter sets after the vocabulary (add_space_prefix, pad ids).
+    tokenizer: Callable[[GGUFWriter, HFConfig], None] = _no_metadata
+    context_default: int | None = None  # max_position_embeddings when config.json does not say
+    vocab_size_key: bool = False  # llama writes {arch}.vocab_size
+    rope_dims: Callable[[HFConfig], int] | None = None  # writes rope.dimension_count
+    key_length: bool = False  # always write attention.key_length / value_length
+
+
+def has_key(w: GGUFWriter, key: str) -> bool:
+    """Whether the writer holds `key` already (writing a key twice is an error)."""
+    return any(key in kv for kv in w.kv_data)
+
+
+def check_rope(c: HFConfig, allowed: tuple[str, ...]) -> None:
+    if c.rope_type not in allowed:
+        raise UnsupportedModelError(f"{c.path}: RoPE scaling {c.rope_type!r} is not supported")
+
+
+def check_act(c: HFConfig, key: str, expected: str, fallback_key: str | None = None) -> None:
+    act = c.get(key) or (c.get(fallback_key) if fallback_key else None) or expected
+    if act != expected:
+        raise UnsupportedModelError(f"{c.path}: activation {act!r} is not supported (expected {expected})")
+
+
+def check_llama(c: HFConfig) -> None:
+    if c.get("attention_bias", False) or c.get("mlp_bias", False):
+        raise UnsupportedModelError(f"{c.path}: llama with attention/MLP biases is not supported")
+    check_act(c, "hidden_act", "silu")
+    check_rope(c, ("default", "linear", "llama3"))
+
+
+def check_qwen(c: HFConfig) -> None:
+    if c.get("use_sliding_window", False):
+        raise UnsupportedModelError(f"{c.path}: Qwen sliding-window attention is not supported")
+    if c.get("attention_bias", False) and c.get("model_type") in ("qwen3", "qwen3_moe"):
+        raise UnsupportedModelError(f"{c.path}: qwen3 with attention biases is not supported")
+    check_act(c, "hidden_act", "silu")
+    check_rope(c, ("default", "linear"))
+
+
+def check_moe(c: HFConfig, norm_topk: bool) -> None:
+    """Every layer a mixture (llama.cpp has no dense layers in these architectures), routed weights
+    renormalised over the chosen experts exactly where llama.cpp does (qwen3moe, Mixtral; not qwen2moe)."""
+    if int(c.get("decoder_sparse_step", 1)) != 1 or c.get("mlp_only_layers", []):
+        raise UnsupportedModelError(
+            f"{c.path}: dense layers between mixture-of-experts layers are not supported"
+        )
+    if "norm_topk_prob" in c.raw and bool(c.get("norm_topk_prob")) != norm_topk:
+        raise UnsupportedModelError(
+            f"{c.path}: norm_topk_prob={c.get('norm_topk_prob')} (llama.cpp's {c.get('model_type')} uses {norm_topk})"
+        )

@@ -40,7 +40,8 @@ run: $(RUN_STAMP) model
 test: install models
 	$(PYTHON) -m pytest
 
-# The edit-test loop: everything but the tests marked slow (2.5 s or more each); 128 s on 2 busy cores.
+# The edit-test loop: everything but the tests marked slow (about 2 s or more each): 64 s of CPU, 119-141 s
+# of wall time on 2 cores shared with other work (load 6-10).
 test-fast: build
 	$(PYTHON) -m pytest -x -m "not slow"
 

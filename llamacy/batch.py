@@ -192,13 +192,17 @@ def run_batch(
     n_ctx: int | None = None,
     encode: Callable[[str], list[int]] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    draft: Any = None,
 ) -> BatchSummary:
     """Run the items not yet in `results` through a Scheduler; append each result as it finishes.
 
     encode: prompt text -> token ids (e.g. through a chat template); default: the model's tokenizer."""
     todo, summary = pending(items, results)
     append_results(
-        iter_results(llm, todo, defaults, n_parallel, n_ctx, encode, summary), results, summary, on_result
+        iter_results(llm, todo, defaults, n_parallel, n_ctx, encode, summary, draft),
+        results,
+        summary,
+        on_result,
     )
     return summary
 
@@ -242,12 +246,14 @@ def iter_results(
     n_ctx: int | None = None,
     encode: Callable[[str], list[int]] | None = None,
     summary: BatchSummary | None = None,
+    draft: Any = None,
 ) -> Iterator[dict[str, Any]]:
     """Each item's result line, as it finishes (an item that cannot run: at once), through a Scheduler
-    that decodes n_parallel prompts together. `summary`, if given, gets the count of model steps."""
+    that decodes n_parallel prompts together. `summary`, if given, gets the count of model steps; `draft`:
+    a Llama that drafts for items with speculate "draft"."""
     from llamacy.scheduler import Done, Scheduler
 
-    sched = Scheduler(llm, n_parallel=n_parallel, n_ctx=n_ctx, queue_size=max(1, 2 * n_parallel))
+    sched = Scheduler(llm, n_parallel=n_parallel, n_ctx=n_ctx, queue_size=max(1, 2 * n_parallel), draft=draft)
     finals: queue.SimpleQueue[tuple[Item, Any]] = queue.SimpleQueue()
     in_flight = 0
     try:
@@ -323,7 +329,11 @@ def _request(llm: Any, it: Item, defaults: dict[str, Any], encode: Callable[[str
         raise UsageError("stop must be a string or a list of strings")
     # OpenAI's response_format ({"type": "json_object"} or "json_schema"): this item's output is that JSON.
     grammar = response_format_grammar(opts.pop("response_format", None))
-    spec = speculation(opts.pop("speculate", None), opts.pop("draft_max", None), opts.pop("ngram", None))
+    mode, draft_model = opts.pop("speculate", None), opts.pop("draft_model", None)
+    # The batch's draft model serves the items that draft with it; an item may choose prompt lookup.
+    spec = speculation(
+        mode, opts.pop("draft_max", None), opts.pop("ngram", None), draft_model if mode == "draft" else None
+    )
     try:
         params = sampling_params(opts)
     except (TypeError, ValueError) as e:

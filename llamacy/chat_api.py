@@ -16,7 +16,8 @@ from typing import Any
 
 from llamacy.chat_template import ChatTemplate
 from llamacy.completion_shapes import envelope, sampling_options, stop_list, usage
-from llamacy.structured import StructuredRequest, tool_call_deltas
+from llamacy.openai_shapes import ChatChoices
+from llamacy.structured import StructuredRequest
 
 _templates: weakref.WeakKeyDictionary[Any, ChatTemplate] = weakref.WeakKeyDictionary()
 
@@ -64,38 +65,21 @@ def create_chat_completion(
     constraint = structured.constraint(llm.tokenizer, llm.n_vocab)
     gen = llm.generate_tokens(ids, max_tokens, stop=stops, constraint=constraint, **sampling)
     wrap = envelope("chatcmpl", llm.model_path.name)
+    choices = ChatChoices(structured)  # the server's OpenAI chat route spells its choices with these too
     if stream:
-        return _chunks(llm, gen, structured, lambda choice: wrap("chat.completion.chunk", choice))
+        return _chunks(llm, gen, choices, lambda choice: wrap("chat.completion.chunk", choice))
     for _ in gen:
         pass
     done = llm.last
-    content, calls, finish = structured.reply(done.text, done.finish_reason)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    out = wrap("chat.completion", {"index": 0, "message": message, "logprobs": None, "finish_reason": finish})
+    out = wrap("chat.completion", choices.whole(0, done.text, done.finish_reason))
     out["usage"] = usage(done.stats)
     return out
 
 
-def _chunks(
-    llm: Any, gen: Iterator[tuple[int, str]], structured: StructuredRequest, wrap: Any
-) -> Iterator[dict]:
-    def chunk(delta: dict, finish: str | None = None) -> dict:
-        return wrap({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
-
-    parser = structured.stream()
-    yield chunk({"role": "assistant", "content": ""})
+def _chunks(llm: Any, gen: Iterator[tuple[int, str]], choices: ChatChoices, wrap: Any) -> Iterator[dict]:
+    yield wrap(choices.opening(0))
     for _, piece in gen:
-        shown = parser.feed(piece) if parser is not None else piece
-        if shown:
-            yield chunk({"content": shown})
-    finish = llm.last.finish_reason
-    if parser is not None:
-        rest, calls = parser.finish()
-        if rest:
-            yield chunk({"content": rest})
-        if calls:
-            yield chunk({"tool_calls": tool_call_deltas(calls)})
-            finish = "tool_calls"
-    yield chunk({}, finish)
+        for choice in choices.delta(0, piece):
+            yield wrap(choice)
+    for choice in choices.closing(0, llm.last.finish_reason):
+        yield wrap(choice)

@@ -14,6 +14,7 @@ from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageErr
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.generation.speculate import same_vocabulary, speculation
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_format
+from llamacy.openai_shapes import completion_choice
 from llamacy.structured import Constraint, Grammar, request_grammar
 
 if TYPE_CHECKING:
@@ -259,9 +260,7 @@ class Llama:
         )
 
         def chunk(text: str, finish: str | None) -> dict:
-            return wrap(
-                "text_completion", {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-            )
+            return wrap("text_completion", completion_choice(0, text, finish))
 
         if stream:
 

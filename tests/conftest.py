@@ -6,6 +6,7 @@ The real models come from packages on the package index (see models.md); llamacy
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +28,13 @@ def cpuinfo_flags() -> set[str] | None:
     except OSError:
         pass
     return None
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child that a test interrupts with SIGINT. A shell's background job (`make test &`)
+    inherits SIGINT ignored, an ignored signal stays ignored across exec, and Python then installs no
+    Ctrl-C handler: the child would never see the test's SIGINT. This gives it the terminal's default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def find_smollm2() -> Path | None:

@@ -65,6 +65,7 @@ def assert_anthropic_error(r: httpx.Response, status: int, kind: str, fragment: 
 # ---- messages ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_message_equals_openai(client, tiny_oai, tiny_llm):
     choice, usage = openai_chat(tiny_oai, MSGS)
     m = client.messages.create(model="tiny", max_tokens=10, messages=MSGS, extra_body=GREEDY)
@@ -182,9 +183,8 @@ def test_turns_prefill_and_count_tokens(client, tiny_oai, tiny_llm):
 
 
 def test_errors_in_anthropics_shape(client, http):
-    with pytest.raises(anthropic.NotFoundError) as e:
-        client.messages.create(model="claude-nope", max_tokens=5, messages=MSGS)
-    assert e.value.body["error"]["type"] == "not_found_error" and e.value.request_id.startswith("req_")
+    # One model served: any name is that model (a 404 with several: test_server.py).
+    assert client.messages.create(model="claude-nope", max_tokens=1, messages=MSGS).role == "assistant"
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(
             model="tiny",
@@ -193,6 +193,7 @@ def test_errors_in_anthropics_shape(client, http):
             tools=[{"name": "f", "input_schema": {"type": 3}}],
         )
     assert "tool 'f'" in e.value.body["error"]["message"]
+    assert e.value.body["error"]["type"] == "invalid_request_error" and e.value.request_id.startswith("req_")
     with pytest.raises(anthropic.BadRequestError) as e:
         client.messages.create(
             model="tiny",
@@ -206,8 +207,7 @@ def test_errors_in_anthropics_shape(client, http):
         client.messages.create(
             model="tiny", max_tokens=5, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 1024}
         )
-    with pytest.raises(anthropic.NotFoundError):
-        client.messages.count_tokens(model="nope", messages=MSGS)
+    assert client.messages.count_tokens(model="nope", messages=MSGS).input_tokens > 0
 
     def post(body: dict, path: str = "/v1/messages") -> httpx.Response:
         return http.post(path, json=body)
@@ -257,7 +257,8 @@ def test_errors_in_anthropics_shape(client, http):
         post(base, "/v1/messages/count_tokens"), 400, invalid, "max_tokens"
     )  # not a field there
     assert_anthropic_error(post({**base, "metadata": {"user": "u1"}}), 400, invalid, "metadata.user")
-    assert_anthropic_error(post({**base, "model": "nope"}), 404, "not_found_error", "nope")
+    # One model served: any name is that model (a 404 with several: test_server.py).
+    assert post({**base, "model": "nope", "max_tokens": 1}).status_code == 200
     # Fields Anthropic knows that change nothing here are accepted.
     ok = post(
         {
@@ -418,12 +419,15 @@ def test_tool_use_with_the_real_model(default_model_path):
             final = s.get_final_message()
         assert final.stop_reason == "tool_use" and [b.type for b in final.content] == ["tool_use"]
         assert final.content[0].name == "get_weather" and final.content[0].input == use.input
+        # The input streams as the model writes it: a start, several input_json_deltas, a stop.
         kinds = [e.type for e in events if e.type.startswith("content_block")]
-        assert kinds[:3] == ["content_block_start", "content_block_delta", "content_block_stop"]
+        assert kinds[0] == "content_block_start" and kinds[-1] == "content_block_stop"
+        assert set(kinds[1:-1]) == {"content_block_delta"} and len(kinds) > 3
         start = next(e for e in events if e.type == "content_block_start")
         assert start.index == 0 and start.content_block.type == "tool_use" and start.content_block.input == {}
-        delta = next(e for e in events if e.type == "content_block_delta")
-        assert delta.delta.type == "input_json_delta" and json.loads(delta.delta.partial_json) == use.input
+        deltas = [e.delta for e in events if e.type == "content_block_delta"]
+        assert {d.type for d in deltas} == {"input_json_delta"}
+        assert json.loads("".join(d.partial_json for d in deltas)) == use.input
         # The wire events, exactly.
         r = httpx.post(
             srv.url + "/v1/messages",
@@ -432,10 +436,12 @@ def test_tool_use_with_the_real_model(default_model_path):
             timeout=300,
         )  # fmt: skip
         names = [name for name, _ in sse(r)]
-        assert names == [
+        collapsed = [n for i, n in enumerate(names) if n != "content_block_delta" or names[i - 1] != n]
+        assert collapsed == [
             "message_start", "ping", "content_block_start", "content_block_delta", "content_block_stop",
             "message_delta", "message_stop",
         ]  # fmt: skip
+        assert names.count("content_block_delta") > 1
         # auto: the model decides; none: text. Streamed and whole agree.
         for choice in ({"type": "auto"}, {"type": "none"}):
             m = c.messages.create(messages=ASK, tools=[WEATHER], tool_choice=choice, **kw)

@@ -121,6 +121,7 @@ def test_garbage_in_the_middle_of_results_is_not_appended_to(tmp_path):
         done_ids(out)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_batch_then_resume(model_path, tmp_path):
     """A hard crash loses at most the items in flight; the rerun completes every id exactly once."""
     prompts = tmp_path / "p.txt"

@@ -338,6 +338,7 @@ def test_terminal_ctrl_d_quits_and_history_is_saved(tiny_path, tmp_path):
     assert "/system Be brief." in (tmp_path / "llamacy" / "chat_history").read_text()
 
 
+@pytest.mark.slow
 def test_terminal_ctrl_c_stops_a_reply_and_keeps_the_session(default_model_path, tmp_path):
     c = spawn("-m", str(default_model_path), "--temp", "0", "-t", "2", tmp_path=tmp_path)
     c.sendline("Write a long story about a dragon who learns to cook.")

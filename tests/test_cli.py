@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from tests.conftest import default_sigint
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,6 +54,7 @@ def test_pipe_gets_only_the_completion(tiny_path):
     assert r.stdout.decode() == want
 
 
+@pytest.mark.slow
 def test_stdin_and_file_prompts_match_argument(tiny_path, tmp_path):
     base = ("-m", str(tiny_path), "-n", "6", "--temp", "0", "-t", "1")
     arg = llamacy("run", "hello world", *base).stdout
@@ -88,6 +91,7 @@ def test_invalid_utf8_on_stdin_is_replaced_not_fatal(tiny_path):
         (("--top-p", "1.5"), 2, "top_p"),
     ],
 )
+@pytest.mark.slow
 def test_bad_options_fail_before_work(tiny_path, args, code, fragment):
     assert_one_line_error(llamacy("run", "hi", "-m", str(tiny_path), *args), code, fragment)
 
@@ -126,6 +130,7 @@ def test_prompt_longer_than_context(tiny_path):
     assert_one_line_error(r, 2, "context holds 16")
 
 
+@pytest.mark.slow
 def test_info_json(tiny_path):
     r = llamacy("info", str(tiny_path), "--json", "-c", "32")
     assert r.returncode == 0, r.stderr
@@ -139,8 +144,14 @@ def test_info_json(tiny_path):
     r = llamacy("info", str(tiny_path), "--kv-type", "q4")
     assert_one_line_error(r, 2, "--kv-type must be one of f16, f32")
     assert d["quant_mix"]["Q8_0"] > 0
+    # -m as every other command takes it; the same answer as the positional form.
+    r = llamacy("info", "-m", str(tiny_path), "--json", "-c", "32")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == d
+    assert_one_line_error(llamacy("info", "x.gguf", "-m", str(tiny_path)), 2, "two models given")
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly(tmp_path):
     from tests.model_factory import write_tiny_model
 
@@ -167,9 +178,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        # A shell's background job inherits SIGINT ignored, and Python then never installs its Ctrl-C
-        # handler: give the child the terminal's default whatever runs this test.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,  # interrupted below, whatever runs this test
     )
     time.sleep(4)
     assert p.poll() is None, p.stderr.read()

@@ -533,6 +533,7 @@ def f32_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("qtype", list(REQUANT_BOUNDS) + list(REQUANT_BOUNDS_K))
+@pytest.mark.slow
 def test_requantize_keeps_logits_close(f32_models, tmp_path, qtype: str) -> None:
     k = qtype in REQUANT_BOUNDS_K
     src = f32_models["k" if k else "small"]
@@ -746,6 +747,7 @@ def _llamacy(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llamacy", *args], capture_output=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_cli(f32_models, tmp_path) -> None:
     from llamacy.cli.convert import _TYPES
     from llamacy.convert import TARGETS
@@ -777,6 +779,7 @@ def test_cli(f32_models, tmp_path) -> None:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_to_q8_0_is_fast_and_still_knows_paris(default_model_path, tmp_path) -> None:
     from llamacy import Llama
 
@@ -843,6 +846,7 @@ def write_hf_from_gguf(gguf_path: Path, directory: Path) -> None:
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_smollm2_through_the_hugging_face_path(default_model_path, tmp_path) -> None:
     """A real-size checkpoint: SmolLM2 written back in Hugging Face's layout (bf16), converted to f16, gives
     the source's tokens and reference logits (up to the bf16 rounding), and still knows Paris."""

@@ -209,6 +209,7 @@ def tiny_path(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("embed") / "tiny.gguf", arch="llama", wtype=QT.Q8_0)
 
 
+@pytest.mark.slow
 def test_cli_prints_only_json_in_a_pipe(tiny_path, tmp_path):
     base = ("-m", str(tiny_path), "-t", "1")
     r = llamacy("embed", "hello world", *base)
@@ -243,6 +244,7 @@ def test_cli_prints_only_json_in_a_pipe(tiny_path, tmp_path):
         (("the cat and the mat and the cat and the mat and the cat", "-c", "4"), None, "context holds 4"),
     ],
 )
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tiny_path, args, stdin, fragment):
     r = llamacy("embed", *args, "-m", str(tiny_path), "-t", "1", input=stdin)
     assert_one_line_error(r, 2, fragment)

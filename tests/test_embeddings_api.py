@@ -91,7 +91,6 @@ def test_openai_embedding_errors(http, llm):
         ({"input": "a", "encoding_format": "hex"}, 400, "encoding_format"),
         ({"input": [10**9]}, 400, "vocabulary"),
         ({"input": "word " * 200}, 400, "context"),
-        ({"input": "a", "model": "nope"}, 404, "nope"),
         ({"input": 5}, 400, "input"),
     ]:
         r = post(body)
@@ -127,9 +126,8 @@ def test_ollama_embed(client, llm, http):
         "model": "tiny:latest",
         "embeddings": [],
     }
-    with pytest.raises(ollama.ResponseError) as e:
-        client.embed(model="nope", input="x")
-    assert e.value.status_code == 404
+    # One model served: any name is that model (a 404 with several: test_server.py).
+    assert len(client.embed(model="nope", input="x").embeddings) == 1
     r = http.post("/api/embed", json={"model": "tiny", "input": ["a", ""]})
     assert r.status_code == 400 and list(r.json()) == ["error"]
     r = http.post("/api/embed", json={"model": "tiny", "input": "a", "options": {"temperature": "hot"}})

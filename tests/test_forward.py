@@ -57,6 +57,7 @@ F16_KV_ATOL = 3e-3
 
 @pytest.mark.parametrize("wtype", FLOAT_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_half_kv_cache_matches_oracle_with_half_kv(tiny_model, arch, wtype):
     path = tiny_model(arch, wtype)
     llm = Llama(path, n_threads=1, kv_type="f16")
@@ -74,6 +75,7 @@ def test_half_kv_cache_matches_oracle_with_half_kv(tiny_model, arch, wtype):
 
 @pytest.mark.parametrize("wtype", LEGACY_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_quantized_weights_match_oracle(tiny_model, arch, wtype):
     _check_quantized(tiny_model(arch, wtype))
 
@@ -280,6 +282,7 @@ K_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K]
 
 @pytest.mark.parametrize("wtype", K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_k_quant_models_match_oracle(tiny_model, arch, wtype):
     # K-quant rows are 256 values: a wider tiny model.
     _check_quantized(tiny_model(arch, wtype, n_embd=256, n_ff=512, head_dim=64))

@@ -679,6 +679,7 @@ def load_or_gguf_error(path: Path) -> None:
     f.close()
 
 
+@pytest.mark.slow
 def test_fuzz_every_truncation(tmp_path: Path) -> None:
     raw = tiny_file_bytes()
     path = tmp_path / "cut.gguf"
@@ -695,6 +696,7 @@ def test_fuzz_every_truncation(tmp_path: Path) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
+@pytest.mark.slow
 def test_fuzz_byte_flips(tmp_path: Path, data: st.DataObject) -> None:
     raw = bytearray(tiny_file_bytes())
     flips = data.draw(

@@ -52,6 +52,7 @@ def _mutate_and_check(tmp_path: Path, data: bytes) -> None:
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
+@pytest.mark.slow
 def test_flipped_header_bytes(tmp_path_factory, seed_file, data):
     _, raw, data_offset = seed_file
     buf = bytearray(raw)
@@ -63,6 +64,7 @@ def test_flipped_header_bytes(tmp_path_factory, seed_file, data):
 
 @settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
+@pytest.mark.slow
 def test_absurd_integers_in_header(tmp_path_factory, seed_file, data):
     # Overwrite aligned 4- or 8-byte fields (counts, lengths, dims, offsets, types) with extreme values.
     _, raw, data_offset = seed_file
@@ -146,6 +148,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 def test_memory_flat_over_5000_tokens(tmp_path):
     from tests.model_factory import write_tiny_model
 

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as QT
 
 from llamacy.errors import UsageError
 from llamacy.hub.names import HubRef, choose, group_variants, parse_ref, quant_label, runnable
+from tests.conftest import default_sigint
 from tests.fake_hub import FakeHub, HubFile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +160,7 @@ def test_choose():
 # --- pull ---
 
 
+@pytest.mark.slow
 def test_pull_by_name_and_quant(hub, tiny, tmp_path):
     repo = hub.add(
         "tester/pull-GGUF",
@@ -195,6 +197,7 @@ def test_pull_by_name_and_quant(hub, tiny, tmp_path):
     assert "it offers: Q8_0 (125.5 KiB), Q4_K_M (" in err and "mmproj" not in err
 
 
+@pytest.mark.slow
 def test_split_files_are_fetched_whole(hub, tiny, tmp_path):
     half = len(tiny["Q8_0"]) // 2
     parts = {
@@ -211,6 +214,7 @@ def test_split_files_are_fetched_whole(hub, tiny, tmp_path):
     one_line_error(cli("run", "hi", "-m", "tester/split-GGUF:Q8_0", env=env), 1, "split into 2 files")
 
 
+@pytest.mark.slow
 def test_dropped_connection_resumes_with_range(hub, big, tmp_path):
     f = HubFile(big, drop_after=15 * MiB, drops=1)
     repo = hub.add("tester/drop-GGUF", {"big-Q8_0.gguf": f})
@@ -223,6 +227,7 @@ def test_dropped_connection_resumes_with_range(hub, big, tmp_path):
     assert snap.read_bytes() == big
 
 
+@pytest.mark.slow
 def test_interrupted_pull_continues_next_run(hub, big, tmp_path):
     # The hub goes away mid-file for good: the pull gives up, keeping what arrived.
     f = HubFile(big[::-1], drop_after=15 * MiB, drops=-1)
@@ -240,6 +245,7 @@ def test_interrupted_pull_continues_next_run(hub, big, tmp_path):
     assert partials(tmp_path, "tester/gone-GGUF") == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_partial_file(hub, big, tmp_path):
     data = big[: 20 * MiB]
     f = HubFile(data, rate=8 * MiB)
@@ -250,6 +256,7 @@ def test_ctrl_c_keeps_the_partial_file(hub, big, tmp_path):
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=default_sigint,  # interrupted below, whatever runs this test
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -290,6 +297,7 @@ def test_a_server_ignoring_range_gets_the_whole_file_again(hub, big, tmp_path):
     "fault, message",
     [({"corrupt": True}, "failed its sha256 check"), ({"serve_bytes": 100_000}, "is truncated (100000 of")],
 )
+@pytest.mark.slow
 def test_bad_download_is_refused_and_removed(hub, tiny, tmp_path, fault, message):
     repo_id = f"tester/bad-{next(iter(fault))}-GGUF"
     hub.add(repo_id, {"tiny-Q8_0.gguf": HubFile(tiny["Q8_0"], **fault)})
@@ -301,6 +309,7 @@ def test_bad_download_is_refused_and_removed(hub, tiny, tmp_path, fault, message
     one_line_error(cli("run", "hi", "-m", f"{repo_id}:Q8_0", env=env), 2, "not pulled")
 
 
+@pytest.mark.slow
 def test_hub_errors_are_one_line(hub, tmp_path):
     env = hub_env(tmp_path, hub)
     one_line_error(cli("pull", "tester/no-such-repo", env=env), 2, "no model repository tester/no-such-repo")
@@ -314,6 +323,7 @@ def test_hub_errors_are_one_line(hub, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_private_and_gated_repositories(hub, tiny, tmp_path):
     hub.add("tester/private-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"]}, token="hf_secret")
     hub.add("tester/gated-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"]}, gated=True)
@@ -328,6 +338,7 @@ def test_private_and_gated_repositories(hub, tiny, tmp_path):
 # --- list / rm / show ---
 
 
+@pytest.mark.slow
 def test_list_show_rm(hub, tiny, tmp_path):
     repo = hub.add("tester/manage-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"], "tiny-Q4_K_M.gguf": tiny["Q4_K_M"]})
     env = hub_env(tmp_path, hub)
@@ -371,6 +382,7 @@ def test_list_show_rm(hub, tiny, tmp_path):
 # --- using a pulled name ---
 
 
+@pytest.mark.slow
 def test_run_and_chat_with_a_pulled_name(hub, tiny, tmp_path):
     hub.add("tester/use-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"]})
     env = hub_env(tmp_path, hub)
@@ -429,6 +441,7 @@ def on_terminal(args: list[str], env: dict[str, str], timeout: float = 120) -> t
     return p.returncode, out.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_first_use_on_a_terminal_pulls(hub, tiny, tmp_path):
     repo = hub.add("tester/auto-GGUF", {"tiny-Q8_0.gguf": tiny["Q8_0"]})
     env = hub_env(tmp_path, hub)

@@ -81,6 +81,7 @@ def assert_same_as_avx2(t: T, Y: np.ndarray, Yavx2: np.ndarray, B: np.ndarray, w
 
 @needs_vnni
 @pytest.mark.parametrize("t,rows,cols", list(_cases()))
+@pytest.mark.slow
 def test_vnni_against_oracle_and_avx2(t, rows, cols):
     rng = np.random.default_rng(rows * 1000 + cols + int(t))
     data = make_weights(t, rows, cols, rng)

@@ -207,12 +207,9 @@ def test_load_requests_and_keep_alive(client, http):
 
 
 def test_errors_in_ollamas_shape(client, http):
-    with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model="nope", messages=MSGS)
-    assert e.value.status_code == 404 and "nope" in e.value.error
-    with pytest.raises(ollama.ResponseError) as e:
-        client.show("nope:7b")
-    assert e.value.status_code == 404
+    # One model served: any name is that model (an unknown name is a 404 with several: test_server.py).
+    assert client.chat(model="nope", messages=MSGS, options={"num_predict": 1}).message.role == "assistant"
+    assert client.show("nope:7b").details is not None
     post = lambda path, body: http.post(path, json=body)  # noqa: E731
     assert_ollama_error(post("/api/generate", {"prompt": "Hi"}), 400, "model is required")
     assert_ollama_error(post("/api/chat", {"messages": MSGS}), 400, "model is required")

@@ -23,7 +23,11 @@ pytest.importorskip("ray.serve", reason="the ray extra is not installed (pip ins
 from llamacy.server import ServerSettings, ServerThread, create_app
 from llamacy.server.loading import ModelLoader
 from llamacy.server.models import ModelSpec
+from tests.conftest import default_sigint
 from tests.ray_cluster import LocalRayCluster
+
+# A local Ray cluster and Serve deployments: a minute and more, so not in `make test-fast`.
+pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
 CTX = 512
@@ -281,7 +285,7 @@ def test_batch_on_ray_equals_the_local_batch_and_resumes(cluster, tmp_path):
     local, remote = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     subprocess.run(_batch(prompts, local), env=cluster.env, check=True, timeout=300)
     cmd = _batch(prompts, remote, "--ray", cluster.address, "--replicas", "2")
-    p = subprocess.Popen(cmd, env=cluster.env, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, env=cluster.env, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     deadline = time.monotonic() + 180
     while not remote.exists() or remote.read_text().count("\n") < 2:
         assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.stderr else ""

@@ -237,6 +237,7 @@ def test_the_socket_check_tells_loopback_from_the_rest():
     assert not _loopback_only("udp", "07", "0.0.0.0:5353", "0.0.0.0:0")
 
 
+@pytest.mark.slow
 def test_an_unreachable_cluster_is_one_line(tmp_path):
     import socket
     import subprocess

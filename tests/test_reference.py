@@ -85,12 +85,14 @@ def _check_logits(path, n: int = 24) -> np.ndarray:
 
 @pytest.mark.parametrize("wtype", LEGACY_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow
 def test_tiny_models_load_and_give_finite_logits(tiny_model, arch: str, wtype: QT) -> None:
     _check_logits(tiny_model(arch, wtype))
 
 
 @pytest.mark.parametrize("wtype", K_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.slow
 def test_tiny_models_in_k_quants(tiny_model, arch: str, wtype: QT) -> None:
     path = tiny_model(arch, wtype, **K_DIMS, n_layer=2)
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}

@@ -26,6 +26,7 @@ from llamacy.chat_template import ChatTemplate  # noqa: E402
 from llamacy.scheduler import Scheduler  # noqa: E402
 from llamacy.server import ServerSettings, ServerThread, create_app  # noqa: E402
 from llamacy.server.job_store import JobStore  # noqa: E402
+from tests.conftest import default_sigint  # noqa: E402
 
 API_KEY = "test-key"
 
@@ -517,6 +518,7 @@ def test_client_disconnect_frees_the_sequence(llm):
 # ---- the command and the default model ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serve_command(tiny_path):
     env = {**os.environ, "LLAMACY_API_KEY": "k"}
     proc = subprocess.Popen(
@@ -540,6 +542,7 @@ def test_serve_command(tiny_path):
         stdout=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=default_sigint,  # stopped with SIGINT below, whatever runs this test
     )
     try:
         line = proc.stderr.readline()
@@ -608,6 +611,16 @@ def test_models_registry_with_the_tiny_model(tiny_path, tmp_path):
             r = httpx.post(srv.url + "/v1/completions", json={"model": "broken", "prompt": "Hi"}, timeout=30)
             assert assert_error(r, 500, "model 'broken' could not be loaded")["code"] == "model_load_failed"
             r = httpx.post(srv.url + "/v1/completions", json={"model": "nope", "prompt": "Hi"}, timeout=30)
+            assert assert_error(r, 404, "known models: tiny, broken")["code"] == "model_not_found"
+            # Every dialect: several models served, an unknown name is a 404 in that dialect's shape.
+            msgs = [{"role": "user", "content": "Hi"}]
+            r = httpx.post(srv.url + "/api/chat", json={"model": "nope", "messages": msgs}, timeout=30)
+            assert r.status_code == 404 and "known models: tiny, broken" in r.json()["error"]
+            body = {"model": "nope", "max_tokens": 2, "messages": msgs}
+            r = httpx.post(srv.url + "/v1/messages", json=body, timeout=30)
+            assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+            assert r.headers["request-id"].startswith("req_")
+            r = httpx.post(srv.url + "/v1/embeddings", json={"model": "nope", "input": "a"}, timeout=30)
             assert assert_error(r, 404, "known models: tiny, broken")["code"] == "model_not_found"
     finally:
         registry.close()

@@ -22,6 +22,7 @@ from llamacy.errors import UsageError  # noqa: E402
 from llamacy.server import ModelRegistry, ServerSettings, ServerThread, create_app  # noqa: E402
 from llamacy.server.loading import ModelLoader  # noqa: E402
 from llamacy.server.models import ModelSpec  # noqa: E402
+from tests.conftest import default_sigint  # noqa: E402
 from tests.test_server import assert_error  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -76,6 +77,7 @@ def ask(cli, model: str | None, **kw) -> str:
     return r["choices"][0]["text"] if "choices" in r else r
 
 
+@pytest.mark.slow
 def test_model_field_picks_the_model_loaded_on_first_use(both, solo):
     with serving(both) as (srv, registry):
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -122,6 +124,7 @@ def test_model_field_picks_the_model_loaded_on_first_use(both, solo):
         assert 'llamacy_generated_tokens_total{model="gemma3-270m"}' in text
 
 
+@pytest.mark.slow
 def test_max_memory_unloads_the_least_recently_used(both, solo):
     # Room for the larger model alone: loading one unloads the other.
     budget = max(s.footprint for s in both) + (1 << 20)
@@ -210,6 +213,7 @@ def test_a_load_waits_for_a_model_that_is_just_going_idle(monkeypatch):
     assert registry.get("a").name == "a"  # b idle again: unloaded to make room
 
 
+@pytest.mark.slow
 def test_idle_models_are_unloaded(both, solo):
     with serving(both, idle_unload_s=0.5) as (srv, _registry):
         cli = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
@@ -235,11 +239,18 @@ def test_names_and_sizes():
 
 def _serve(*args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "llamacy", "serve", "--port", "0", "--threads", "1", "-c", str(CTX), *args]
+    # Stopped with SIGINT, whatever runs the test (a background job inherits it ignored).
     return subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+        cmd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+        preexec_fn=default_sigint,
     )
 
 
+@pytest.mark.slow
 def test_serve_command_with_two_models(both, solo, tmp_path):
     listing = tmp_path / "models.txt"
     listing.write_text("# the second model\ngemma3-270m\n")

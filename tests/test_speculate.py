@@ -97,6 +97,7 @@ def _wrong_rule(sampler, logits, history, draft, q=None):
 
 
 @pytest.mark.parametrize("rule, ok", [(verify_token, True), (_wrong_rule, False)])
+@pytest.mark.slow
 def test_verify_token_keeps_the_distribution(rule, ok):
     logits = np.array([2.0, 1.5, 0.3, -1.0, 0.9], dtype=np.float32)
     sampler = Sampler(sampling_params({**SAMPLED, "seed": 7}), 5)
@@ -216,6 +217,7 @@ def _draws(model: MarkovModel, options: dict, n_tokens: int, n: int, spec: Specu
 
 
 @pytest.mark.parametrize("rule, ok", [(None, True), (_wrong_rule, False)])
+@pytest.mark.slow
 def test_session_with_drafts_samples_the_target_distribution(monkeypatch, rule, ok):
     if rule is not None:
         monkeypatch.setattr(steps_module, "verify_token", rule)
@@ -244,6 +246,7 @@ def _no_residual_rule(sampler, logits, history, draft, q=None):
 
 
 @pytest.mark.parametrize("rule, ok", [(None, True), (_no_residual_rule, False)])
+@pytest.mark.slow
 def test_session_with_a_draft_model_samples_the_target_distribution(monkeypatch, rule, ok):
     if rule is not None:
         monkeypatch.setattr(steps_module, "verify_token", rule)

@@ -167,3 +167,152 @@ def test_drafts_only_when_alone_in_the_step(llm, monkeypatch):
     with Scheduler(llm, n_parallel=1, n_ctx=128) as sched:
         plain = sched.submit(request(llm, PROMPTS[2], 40, temperature=0, ignore_eos=True)).result(timeout=120)
     assert results[0].tokens == plain.tokens
+
+
+# -- a draft model in the scheduler and the server (serve --draft-model, speculate: "draft") ----------------------
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory, llm):
+    """Two drafters for the tiny model: itself (always right) and another random model of its vocabulary."""
+    from llamacy import Llama
+    from tests.model_factory import write_tiny_model
+
+    other = write_tiny_model(tmp_path_factory.mktemp("draft") / "other.gguf", seed=7)
+    return {
+        "self": Llama(llm.model_path, n_ctx=128, n_threads=1),
+        "other": Llama(other, n_ctx=128, n_threads=1),
+    }
+
+
+@pytest.fixture
+def model_feedback(monkeypatch):
+    seen: list[tuple[int, int]] = []
+    original = speculate.ModelDrafter.feedback
+
+    def record(self, drafted: int, accepted: int) -> None:
+        seen.append((drafted, accepted))
+        original(self, drafted, accepted)
+
+    monkeypatch.setattr(speculate.ModelDrafter, "feedback", record)
+    return seen
+
+
+@pytest.mark.parametrize("which", ["self", "other"])
+def test_greedy_answers_with_a_draft_model_equal_plain_decoding(llm, drafts, model_feedback, which):
+    """Alone and four at once (a sequence drafts in the steps it has alone): token for token the plain
+    answers, whether the drafts are all accepted (the model itself) or mostly rejected (another one)."""
+    plain = [solo(llm, p, 24, temperature=0) for p in PROMPTS[:4]]
+    spec = Speculation("draft", draft_max=4, draft_model=which)
+    with Scheduler(llm, n_parallel=4, n_ctx=128, draft=drafts[which]) as sched:
+        alone = sched.submit(request(llm, PROMPTS[0], 24, temperature=0, speculate=spec)).result(timeout=120)
+        handles = [sched.submit(request(llm, p, 24, temperature=0, speculate=spec)) for p in PROMPTS[:4]]
+        results = [h.result(timeout=120) for h in handles]
+    assert alone.tokens == plain[0][0] and alone.text == plain[0][1]
+    assert [d.tokens for d in results] == [toks for toks, _ in plain]
+    assert [d.text for d in results] == [text for _, text in plain]
+    assert any(drafted for drafted, _ in model_feedback)  # it did draft
+    if which == "self":
+        assert all(accepted == drafted for drafted, accepted in model_feedback)
+
+
+def test_sampled_answers_with_a_draft_model_equal_the_sessions(llm, drafts):
+    """Sampled with a seed: the scheduler's drafting and verification are the single-sequence session's,
+    so a request alone gets the answer `run --speculate draft` gives."""
+    spec = Speculation("draft", draft_max=4, draft_model="other")
+    path = drafts["other"].model_path
+    want = solo(
+        llm, PROMPTS[1], 20, temperature=0.9, seed=5, speculate="draft", draft_max=4, draft_model=path
+    )
+    with Scheduler(llm, n_parallel=2, n_ctx=128, draft=drafts["other"]) as sched:
+        done = sched.submit(request(llm, PROMPTS[1], 20, temperature=0.9, seed=5, speculate=spec)).result(120)
+    assert (done.tokens, done.text) == want
+
+
+def test_a_scheduler_without_a_draft_model_refuses_draft_requests(llm):
+    from llamacy.errors import UsageError
+
+    with Scheduler(llm, n_parallel=1, n_ctx=128) as sched, pytest.raises(UsageError, match="--draft-model"):
+        sched.submit(request(llm, "Hi", 4, speculate=Speculation("draft", draft_model="x")))
+
+
+def test_openai_requests_speculate_with_the_servers_draft_model(llm, drafts):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from llamacy.chat_template import ChatTemplate
+    from llamacy.server import ServerSettings, ServerThread, create_app
+    from tests.test_server import running_server, solo_text
+
+    sched = Scheduler(llm, n_parallel=3, n_ctx=128, n_threads=1, draft=drafts["other"]).start()
+    tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
+    srv = ServerThread(create_app(sched, tpl, ServerSettings(model_name="tiny"))).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+        def ask(prompt: str) -> str:
+            r = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=16, temperature=0, extra_body={"speculate": "draft"}
+            )
+            return r.choices[0].text
+
+        assert ask(PROMPTS[0]) == solo_text(llm, PROMPTS[0], 16, temperature=0)
+        with ThreadPoolExecutor(6) as pool:  # under concurrent load: the same answers
+            answers = list(pool.map(ask, PROMPTS[:6]))
+        assert answers == [solo_text(llm, p, 16, temperature=0) for p in PROMPTS[:6]]
+        with pytest.raises(openai.BadRequestError, match="ngram"):
+            client.completions.create(
+                model="tiny", prompt="Hi", max_tokens=2, extra_body={"speculate": "draft", "ngram": 2}
+            )
+    finally:
+        sched.shutdown()
+        srv.stop()
+    with running_server(llm) as (srv, _sched):  # no draft model: a 400 that says how to get one
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError, match="--draft-model"):
+            client.completions.create(
+                model="tiny", prompt="Hi", max_tokens=2, extra_body={"speculate": "draft"}
+            )
+
+
+def test_serve_takes_a_draft_model_for_one_model(llm, drafts):
+    from llamacy.server.loading import ModelLoader
+    from llamacy.server.models import ModelSpec
+    from tests.test_cli import assert_one_line_error, llamacy
+
+    path = str(drafts["other"].model_path)
+    served = ModelLoader(n_ctx=64, n_threads=1, n_parallel=2, draft_model=path)(
+        ModelSpec("t", str(llm.model_path))
+    )
+    try:
+        assert served.scheduler.draft_name == "other.gguf" and served.scheduler.draft_model is not None
+    finally:
+        served.scheduler.shutdown()
+    r = llamacy("serve", "-m", str(llm.model_path), "-m", path, "--draft-model", path, "--port", "0")
+    assert_one_line_error(r, 2, "--draft-model goes with one model")
+
+
+def test_batch_drafts_with_a_draft_model(llm, drafts, tmp_path):
+    import json
+
+    from tests.test_cli import assert_one_line_error, llamacy
+
+    items = tmp_path / "in.jsonl"
+    prompts = ["1 2 3 4 5 6 7 8 9 10", "the the the the", "Hello", "a b c"]
+    lines = [{"id": i, "prompt": p} for i, p in enumerate(prompts)]
+    lines[3]["speculate"] = "ngram"  # an item may choose otherwise
+    items.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    path = str(drafts["other"].model_path)
+    r = llamacy(
+        "batch", str(items), "-o", str(out), "-m", str(llm.model_path), "-n", "16", "--temp", "0", "-t", "1",
+        "--speculate", "draft", "--draft-model", path, "--draft-max", "4",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    results = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert [results[i]["completion"] for i in range(4)] == [solo_text_of(llm, p) for p in prompts]
+    r = llamacy("batch", str(items), "-o", str(tmp_path / "x.jsonl"), "--speculate", "draft", "--ray", "auto")
+    assert_one_line_error(r, 2, "prompt lookup only")
+    r = llamacy("batch", str(items), "-o", str(tmp_path / "y.jsonl"), "--speculate", "draft")
+    assert_one_line_error(r, 2, "--draft-model")

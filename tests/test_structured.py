@@ -49,6 +49,7 @@ PERSON = {
 }
 
 
+@pytest.mark.slow
 def test_schema_accepts_valid_and_masks_invalid(tokenizer):
     g = json_schema_grammar(PERSON)
     c = Constraint(g, tokenizer)

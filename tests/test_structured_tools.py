@@ -124,6 +124,7 @@ def test_template_that_knows_tools_gets_them(model):
     assert not plan.wrapped(tpl)  # no <tool_call> in the template: calls are bare JSON
 
 
+@pytest.mark.slow
 def test_forced_call_grammar(model):
     tok, tpl = model
     plan = ToolPlan.from_request(TOOLS, "required", False)
@@ -252,3 +253,37 @@ def test_auto_mode_constrains_a_call_once_opened(model):
         is None
     )
     assert StructuredRequest.from_request(tpl, tools=TOOLS, tool_choice="none").constraint(tok) is None
+
+
+REPLIES = [
+    'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+    '<tool_call>\n{ "name" : "get_weather" ,"arguments":{"city":"Par\\u00e9is \\"x\\" \\ud83d\\ude00",'
+    '"unit":"celsius","n":[1.50, -0, 1e2, true,null,{"x":{}}]}}\n</tool_call>\n'
+    '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+    '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>',  # arguments as JSON text
+    '{"name": "add", "arguments": {"a": 1}}',  # a bare call
+    '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',  # not an offered tool: text
+]
+
+
+@pytest.mark.parametrize("text", REPLIES)
+@pytest.mark.parametrize("split", [1, 2, 5, 1000])
+def test_reply_stream_sends_arguments_in_pieces(text, split):
+    from llamacy.structured.call_stream import CallArgs, CallStart, ReplyStream, Text
+
+    s = ReplyStream(["add", "get_weather"])
+    events = [e for i in range(0, len(text), split) for e in s.feed(text[i : i + split])]
+    streamed_before_end = sum(isinstance(e, CallArgs) for e in events)
+    last, calls = s.finish()
+    events += last
+    content, whole = parse_tool_calls(text, ["add", "get_weather"])
+    assert [c["function"]["name"] for c in calls] == [c["function"]["name"] for c in whole]
+    starts = [e for e in events if isinstance(e, CallStart)]
+    assert [e.id for e in starts] == [c["id"] for c in calls]  # the ids the stream announced
+    for i, call in enumerate(calls):
+        pieces = [e.text for e in events if isinstance(e, CallArgs) and e.index == i]
+        assert "".join(pieces) == call["function"]["arguments"] == whole[i]["function"]["arguments"]
+    shown = "".join(e.text for e in events if isinstance(e, Text))
+    assert shown.strip() == (content or "").strip()
+    if split == 1 and "<tool_call>" in text and calls and '"arguments": "' not in text:
+        assert streamed_before_end > 1  # written as generated, not at the end

@@ -588,6 +588,7 @@ def bpe_pair(request: pytest.FixtureRequest, smol_md: dict) -> tuple[Tokenizer, 
 
 
 @pytest.mark.parametrize("special", [True, False])
+@pytest.mark.slow
 def test_bpe_hard_texts_match_reference(bpe_pair: tuple, special: bool) -> None:
     tok, ref = bpe_pair
     for text in HARD_TEXTS:

@@ -29,6 +29,7 @@ def batch(
     speculate: str = opt.SPECULATE,
     draft_max: int = opt.DRAFT_MAX,
     ngram: int = opt.NGRAM,
+    draft_model: str = opt.DRAFT_MODEL,
     sampling: dict[str, Any] = opt.SAMPLING,
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this text (not included); repeatable."),
     chat: bool = typer.Option(
@@ -52,11 +53,10 @@ def batch(
     if replicas < 1 or (replicas != 1 and ray_address is None):
         raise UsageError("--replicas is a number of Ray workers (1 or more), with --ray")
     defaults = {k: v for k, v in sampling.items() if v is not None}
-    if speculate == "draft":
-        raise UsageError(
-            "batch speculates by prompt lookup only (--speculate ngram): draft models run in run/chat"
-        )
-    defaults.update({k: v for k, v in opt.speculation(speculate, draft_max, ngram).items() if v is not None})
+    if speculate == "draft" and ray_address is not None:
+        raise UsageError("on Ray, batch speculates by prompt lookup only (--speculate ngram)")
+    speculating = opt.speculation(speculate, draft_max, ngram, draft_model)
+    defaults.update({k: v for k, v in speculating.items() if v is not None})
     defaults["max_tokens"] = predict
     if stop:
         defaults["stop"] = list(stop)
@@ -85,6 +85,11 @@ def batch(
             llm, encode, stops = spec.load()
             if stops:
                 defaults["stop"] = [*defaults.get("stop", []), *stops]
+            draft = None
+            if draft_model is not None:
+                from llamacy.engine import Llama
+
+                draft = Llama(draft_model, n_ctx=llm.n_ctx, n_threads=threads, kv_type=kv_type)
             summary = run_batch(
                 llm,
                 items,
@@ -94,6 +99,7 @@ def batch(
                 n_ctx=llm.n_ctx,
                 encode=encode,
                 on_result=progress.advance,
+                draft=draft,
             )
     finally:
         progress.stop()

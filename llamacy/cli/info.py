@@ -62,13 +62,21 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
 
 
 def info(
-    model: str = typer.Argument(None, help="A GGUF file or known model name (default: smollm2-135m)."),
+    model_arg: str = typer.Argument(
+        None, metavar="[MODEL]", help="A GGUF file or known model name (the same as -m)."
+    ),
+    model: str = opt.MODEL,
     ctx_size: int = opt.CTX,
     kv_type: str = opt.KV_TYPE,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
+    # `-m` as every other command takes it; the positional form is kept for the scripts that use it.
+    if model_arg is not None and model is not None and model_arg != model:
+        from llamacy.errors import UsageError
+
+        raise UsageError(f"two models given: {model_arg!r} and -m {model!r}")
     opt.check_counts(None, ctx_size)
-    d = describe(model, ctx_size, kv_type)
+    d = describe(model if model is not None else model_arg, ctx_size, kv_type)
     if as_json:
         typer.echo(json.dumps(d, indent=2))
         return

@@ -97,6 +97,12 @@ def serve(
     ),
     min_replicas: int = typer.Option(None, "--min-replicas", help="With --replicas auto: the fewest (1)."),
     max_replicas: int = typer.Option(None, "--max-replicas", help="With --replicas auto: the most (2)."),
+    draft_model: str = typer.Option(
+        None,
+        "--draft-model",
+        help='A smaller model with the same vocabulary that drafts for requests with speculate: "draft" '
+        "(greedy answers are those of plain decoding; sampled ones keep their distribution).",
+    ),
 ) -> None:
     from llamacy.errors import UsageError, require_range
 
@@ -106,6 +112,8 @@ def serve(
         require_ray("serve")  # before any work: without Ray, one line saying how to get it
     elif replicas != "1" or min_replicas is not None or max_replicas is not None:
         raise UsageError("--replicas, --min-replicas and --max-replicas go with --ray")
+    if draft_model is not None and (ray_address is not None or len(models or []) > 1 or models_file):
+        raise UsageError("--draft-model goes with one model (-m) served here, not several or on Ray")
 
     opt.check_counts(threads, ctx_size)
     require_range("--port", port, 0, 65535)
@@ -152,7 +160,7 @@ def serve(
         return
 
     sock = bind(host, port)  # before loading: a port in use fails fast
-    loader = ModelLoader(ctx_size, threads, kv_type, parallel, queue_size, chat_template)
+    loader = ModelLoader(ctx_size, threads, kv_type, parallel, queue_size, chat_template, draft_model)
     registry = ModelRegistry(specs, loader, max_memory=budget, idle_unload_s=idle_unload or None)
     try:
         if len(specs) == 1:

@@ -56,4 +56,4 @@ def show(
         t.add_row("from", f"{source['repository']} @ {source['commit']}")
         t.add_row("files", ", ".join(source["files"]))
         Console(highlight=False).print(t)
-    info_cmd.info(str(path), ctx_size, kv_type, False)
+    info_cmd.info(str(path), model=None, ctx_size=ctx_size, kv_type=kv_type, as_json=False)

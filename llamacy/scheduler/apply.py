@@ -22,7 +22,8 @@ def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
     the rejected drafts from the cache. Returns the last step and the tokens generated."""
     cached = kv.length(s.slot) - len(s.draft)
     n_steps = n_tokens = 0
-    for step in verified_steps(s.state, rows, s.draft, cached, kv.n_ctx):
+    probs = s.drafter.probs if s.drafter is not None else ()  # a model draft's distributions
+    for step in verified_steps(s.state, rows, s.draft, cached, kv.n_ctx, probs):
         deliver(s, step)
         n_steps += 1
         n_tokens += 0 if step.token is None else 1 + len(step.forced)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from llamacy.errors import UsageError, require_range
 from llamacy.generation import SequenceState, check_prompt
-from llamacy.generation.speculate import NgramDrafter
+from llamacy.generation.speculate import ModelDrafter, NgramDrafter, same_vocabulary
 from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler
 from llamacy.scheduler.apply import cancelled_in_queue, final_event, verify
@@ -46,7 +46,9 @@ class Scheduler:
         n_threads: int | None = None,
         queue_size: int = 64,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        draft: Llama | None = None,
     ) -> None:
+        """draft: a smaller model with the same vocabulary, for requests that speculate with mode "draft"."""
         require_range("--parallel", n_parallel, 1)
         require_range("--queue-size", queue_size, 1)
         if prefill_chunk < 1:
@@ -68,6 +70,14 @@ class Scheduler:
         # Our own Model over llm's bound weights: a KV cache laid out for n_parallel sequences, and scratch
         # that this thread alone uses. (llm builds its single-sequence Model only if its own API is used.)
         self.model = llm.new_model(self.n_ctx, self.n_threads, n_seq=n_parallel, ubatch=SOLO_PREFILL_CHUNK)
+        # The draft model's Model of one sequence: a sequence drafts only in the steps it has alone (plan.py),
+        # so the sequences take turns in its cache, each keeping the prefix it shares with the last one.
+        self.draft_model = None
+        self.draft_name = draft.model_path.name if draft is not None else None
+        if draft is not None:
+            same_vocabulary(llm, draft, draft.model_path.name)
+            n_draft_ctx = min(self.n_ctx, draft.config.n_ctx_train)
+            self.draft_model = draft.new_model(n_draft_ctx, self.n_threads)
         self._solo_chunk = max(prefill_chunk, SOLO_PREFILL_CHUNK)
 
         self._cond = threading.Condition()
@@ -121,6 +131,9 @@ class Scheduler:
         if request.logprobs is not None:
             require_range("logprobs", request.logprobs, 0, MAX_LOGPROBS)
         # Built now so that bad sampling options fail here and the seed is known from the start.
+        spec = request.speculate
+        if spec is not None and spec.mode == "draft" and self.draft_model is None:
+            raise UsageError('speculate "draft" needs a draft model, and this one has none (--draft-model)')
         sampler = Sampler(request.params, self.n_vocab)
         handle = Handle(request, sampler.seed, listener, wake=self._wake)
         with self._cond:
@@ -235,10 +248,17 @@ class Scheduler:
         )
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep
-        drafter = (
-            NgramDrafter(req.speculate) if req.speculate is not None and req.constraint is None else None
-        )
-        return Running(handle, slot, keep, state, drafter)
+        return Running(handle, slot, keep, state, self._drafter(req, sampler))
+
+    def _drafter(self, req: GenerationRequest, sampler: Sampler) -> NgramDrafter | ModelDrafter | None:
+        spec = req.speculate
+        if spec is None or req.constraint is not None:  # a grammar forces what it can already
+            return None
+        if spec.mode == "draft":
+            # Its own random stream (as the Session's drafter): the draft's draws must not change the target's.
+            seed = (sampler.seed * 0x9E3779B97F4A7C15 + 1) % 2**64
+            return ModelDrafter(self.draft_model, spec, sampler.params, seed)
+        return NgramDrafter(spec)
 
     def _finish_unstarted(self, handle: Handle) -> None:
         self._count("cancelled")

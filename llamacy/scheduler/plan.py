@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamacy.generation import SequenceState, TokenLogprob
-from llamacy.generation.speculate import NgramDrafter
+from llamacy.generation.speculate import ModelDrafter, NgramDrafter
 from llamacy.model.memory import Memory
 from llamacy.scheduler.requests import Handle
 
@@ -31,7 +31,7 @@ class Running:
         slot: int,
         cached: int,
         state: SequenceState,
-        drafter: NgramDrafter | None = None,
+        drafter: NgramDrafter | ModelDrafter | None = None,
     ) -> None:
         self.handle = handle
         self.slot = slot

@@ -5,32 +5,33 @@ Anthropic's {"type": "error", "error": {"type", "message"}, "request_id"}.
 The conversation goes through the model's chat template like the OpenAI chat route's, so a greedy answer
 here equals the OpenAI endpoint's for the same messages. Custom tools are offered through the same
 structured-output layer (server/structured.py, anthropic_tools.py): a call comes back as a tool_use block
-with stop_reason "tool_use", streamed as content_block_start (the block, input {}), one input_json_delta
-with the whole input, content_block_stop. output_config.format's JSON schema constrains the text.
+with stop_reason "tool_use", streamed as content_block_start (the block, input {}), input_json_delta
+events with the arguments as the model writes them, content_block_stop. output_config.format's JSON schema
+constrains the text.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import llamacy.server.generation as gen
 from llamacy.scheduler import Done, Failed, Piece
+from llamacy.server.answer import Encoder, answer
 from llamacy.server.anthropic_schemas import CountTokensRequest, MessagesRequest
-from llamacy.server.anthropic_tools import openai_tool_choice, openai_tools, tool_use_blocks
-from llamacy.server.dialect import collect
+from llamacy.server.anthropic_tools import openai_tool_choice, openai_tools, tool_use_blocks, tool_use_id
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import parse
 from llamacy.server.state import state_of
 from llamacy.server.structured import attach_constraints, structured_request
 from llamacy.structured import StructuredRequest
+from llamacy.structured.call_stream import CallStart, ReplyEvent, Text
 
 # Anthropic's error type for each status; 529 is its "overloaded": here a full queue and every 503 (the
 # server shutting down, no memory to load the model now), all worth a retry later.
@@ -110,20 +111,96 @@ def _event(kind: str, obj: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **obj}, ensure_ascii=False)}\n\n"
 
 
-def _block_events(index: int, block: dict[str, Any]) -> list[str]:
-    """A whole content block as stream events: start, one delta with all of it, stop."""
-    if block["type"] == "tool_use":
-        start, delta = (
-            {**block, "input": {}},
-            {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
-        )
-    else:
-        start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-    return [
-        _event("content_block_start", {"index": index, "content_block": start}),
-        _event("content_block_delta", {"index": index, "delta": delta}),
-        _event("content_block_stop", {"index": index}),
-    ]
+class _MessagesEncoder(Encoder):
+    """One message as Anthropic's events: message_start, content blocks (start, deltas, stop), message_delta
+    with the stop reason, message_stop; or whole."""
+
+    def __init__(
+        self, body: MessagesRequest, message: dict[str, Any], n_prompt: int, structured: StructuredRequest
+    ):
+        self.body = body
+        self.message = message
+        self.n_prompt = n_prompt
+        self.structured = structured
+        # With tools, text that may be a call is held back, and the text block opens with the first text to
+        # show (a forced call is all tool_use blocks); without, it opens at once, as Anthropic's.
+        self.parser = structured.reply_stream()
+        self.blocks = 0  # content blocks opened so far
+        self.open: str | None = None  # the kind of the open block ("text", "tool_use")
+
+    def _start(self, block: dict[str, Any]) -> list[str]:
+        out = self._stop_block()
+        self.open = block["type"]
+        out.append(_event("content_block_start", {"index": self.blocks, "content_block": block}))
+        self.blocks += 1
+        return out
+
+    def _stop_block(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [_event("content_block_stop", {"index": self.blocks - 1})]
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return _event("content_block_delta", {"index": self.blocks - 1, "delta": delta})
+
+    def _on(self, ev: ReplyEvent) -> list[str]:
+        if isinstance(ev, Text):
+            out = [] if self.open == "text" else self._start({"type": "text", "text": ""})
+            return [*out, self._delta({"type": "text_delta", "text": ev.text})]
+        if isinstance(ev, CallStart):
+            block = {"type": "tool_use", "id": tool_use_id(ev.id), "name": ev.name, "input": {}}
+            return self._start(block)
+        return [self._delta({"type": "input_json_delta", "partial_json": ev.text})]
+
+    def opening(self) -> list[str]:
+        start = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None}
+        usage = {"input_tokens": self.n_prompt, "output_tokens": 0}
+        out = [_event("message_start", {"message": {**start, "usage": usage}})]
+        if self.parser is None:
+            out += self._start({"type": "text", "text": ""})
+        return [*out, _event("ping", {})]
+
+    def delta(self, i: int, piece: Piece) -> list[str]:
+        if self.parser is None:
+            return self._on(Text(piece.text)) if piece.text else []
+        return [line for ev in self.parser.feed(piece.text) for line in self._on(ev)]
+
+    def closing(self, i: int, done: Done) -> list[str]:
+        events, calls = self.parser.finish() if self.parser is not None else ([], [])
+        out = [line for ev in events for line in self._on(ev)]
+        if self.blocks == 0:  # nothing was said: one empty text block, as the whole answer has
+            out += [
+                *self._start({"type": "text", "text": ""}),
+                self._delta({"type": "text_delta", "text": ""}),
+            ]
+        out += self._stop_block()
+        reason, seq = _stop(done, self.body, bool(calls))
+        delta = {
+            "delta": {"stop_reason": reason, "stop_sequence": seq},
+            "usage": {"output_tokens": done.usage.completion_tokens},
+        }
+        return [*out, _event("message_delta", delta), _event("message_stop", {})]
+
+    def error(self, failed: Failed) -> list[str]:
+        e = self.failure(failed)
+        return [f"event: error\ndata: {json.dumps(_error_body(e.status, e.message))}\n\n"]
+
+    def failure(self, failed: Failed) -> APIError:
+        return _failure(failed)
+
+    def whole(self, dones: list[Done], logprobs: Any) -> dict[str, Any]:
+        [end] = dones
+        text, calls, _ = self.structured.reply(end.text, end.finish_reason)
+        content = [{"type": "text", "text": text or ""}] if text or not calls else []
+        reason, seq = _stop(end, self.body, bool(calls))
+        return {
+            **self.message,
+            "content": content + tool_use_blocks(calls),
+            "stop_reason": reason,
+            "stop_sequence": seq,
+            "usage": {"input_tokens": end.usage.prompt_tokens, "output_tokens": end.usage.completion_tokens},
+        }
 
 
 async def messages(request: Request) -> Response:
@@ -139,80 +216,7 @@ async def messages(request: Request) -> Response:
         "role": "assistant",
         "model": served.name,
     }
-
-    if body.stream:
-
-        async def stream() -> AsyncIterator[str]:
-            start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
-            usage = {"input_tokens": len(ids), "output_tokens": 0}
-            # With tools, text that may be a call is held back, and the text block opens with the first
-            # text to show (a forced call is all tool_use blocks); without, it opens at once, as Anthropic's.
-            parser = structured.stream()
-            text_open = parser is None
-            async with gen.cancel_on_disconnect(request, call):
-                yield _event("message_start", {"message": {**start, "usage": usage}})
-                if text_open:
-                    yield _event(
-                        "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
-                    )
-                yield _event("ping", {})
-                async for _, ev in call.events:
-                    if isinstance(ev, Piece):
-                        text = parser.feed(ev.text) if parser is not None else ev.text
-                        if text:
-                            if not text_open:
-                                text_open = True
-                                yield _event(
-                                    "content_block_start",
-                                    {"index": 0, "content_block": {"type": "text", "text": ""}},
-                                )
-                            delta = {"type": "text_delta", "text": text}
-                            yield _event("content_block_delta", {"index": 0, "delta": delta})
-                    elif isinstance(ev, Done):
-                        rest, calls = parser.finish() if parser is not None else ("", [])
-                        if text_open:
-                            if rest:
-                                delta = {"type": "text_delta", "text": rest}
-                                yield _event("content_block_delta", {"index": 0, "delta": delta})
-                            yield _event("content_block_stop", {"index": 0})
-                        elif rest or not calls:
-                            text_open = True
-                            for line in _block_events(0, {"type": "text", "text": rest}):
-                                yield line
-                        for i, block in enumerate(tool_use_blocks(calls), start=int(text_open)):
-                            for line in _block_events(i, block):
-                                yield line
-                        reason, seq = _stop(ev, body, bool(calls))
-                        yield _event(
-                            "message_delta",
-                            {
-                                "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                "usage": {"output_tokens": ev.usage.completion_tokens},
-                            },
-                        )
-                        yield _event("message_stop", {})
-                    else:
-                        e = _failure(ev)
-                        yield f"event: error\ndata: {json.dumps(_error_body(e.status, e.message))}\n\n"
-
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
-
-    end, _ = await collect(request, call)
-    if isinstance(end, Failed):
-        raise _failure(end)
-    text, calls, _ = structured.reply(end.text, end.finish_reason)
-    content = [{"type": "text", "text": text or ""}] if text or not calls else []
-    reason, seq = _stop(end, body, bool(calls))
-    return JSONResponse(
-        {
-            **message,
-            "content": content + tool_use_blocks(calls),
-            "stop_reason": reason,
-            "stop_sequence": seq,
-            "usage": {"input_tokens": end.usage.prompt_tokens, "output_tokens": end.usage.completion_tokens},
-        }
-    )
+    return await answer(request, call, _MessagesEncoder(body, message, len(ids), structured), body.stream)
 
 
 async def count_tokens(request: Request) -> Response:

@@ -12,7 +12,6 @@ Reply: the parsed calls become tool_use content blocks {"type": "tool_use", "id"
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -72,12 +71,17 @@ def openai_tool_choice(choice: dict[str, Any] | None, tools: list[Any] | None) -
     return _CHOICES[kind], parallel
 
 
+def tool_use_id(call_id: str) -> str:
+    """A tool_use block's id for a parsed call's (call_ + 24 hex digits: the same digits)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def tool_use_blocks(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI's parsed tool calls (arguments as JSON text) as tool_use content blocks."""
     return [
         {
             "type": "tool_use",
-            "id": f"toolu_{uuid.uuid4().hex[:24]}",
+            "id": tool_use_id(c["id"]),
             "name": c["function"]["name"],
             "input": json.loads(c["function"]["arguments"]),
         }

@@ -21,6 +21,7 @@ from llamacy.server.errors import APIError, handle_api_error, handle_http_except
 from llamacy.server.job_store import JobStore, SharedJobs
 from llamacy.server.middleware import CountRequests, HoldModels, LimitBody, NameReplica, RequireAPIKey
 from llamacy.server.models import ModelRegistry
+from llamacy.server.responses_store import ResponseStore
 from llamacy.server.routes import ERROR_SHAPES, PUBLIC_PATHS, ROUTES
 from llamacy.server.state import ServerSettings, ServerState
 
@@ -38,7 +39,8 @@ def create_app(
     if isinstance(models, Scheduler):
         models = ModelRegistry.single(settings.model_name, models, template)
     jobs = JobStore(settings.job_ttl_s, settings.max_finished_jobs, shared_jobs)
-    state = ServerState(models=models, settings=settings, jobs=jobs)
+    responses = ResponseStore(settings.max_stored_responses, settings.response_ttl_s)
+    state = ServerState(models=models, settings=settings, jobs=jobs, responses=responses)
     middleware = []
     if settings.replica_name:
         middleware.append(Middleware(NameReplica, name=settings.replica_name))

@@ -129,15 +129,27 @@ def build_request(
         stop_ids=frozenset(stop_ids),
         ignore_eos=f.ignore_eos,
         logprobs=logprobs,
-        speculate=_speculation(f),
+        speculate=_speculation(f, served),
     )
 
 
-def _speculation(f: SamplingFields) -> Speculation | None:
+def _speculation(f: SamplingFields, served: ServedModel) -> Speculation | None:
     if f.speculate in (None, "none") and (f.draft_max is not None or f.ngram is not None):
         raise APIError(400, 'draft_max and ngram go with speculate: "ngram"', "invalid_value", "speculate")
+    draft = None
+    if f.speculate == "draft":
+        draft = getattr(served.scheduler, "draft_name", None)
+        if draft is None:
+            raise APIError(
+                400,
+                'speculate "draft" needs a server started with --draft-model',
+                "invalid_value",
+                "speculate",
+            )
+        if f.ngram is not None:
+            raise APIError(400, 'ngram goes with speculate: "ngram"', "invalid_value", "ngram")
     try:
-        return speculation(f.speculate, f.draft_max, f.ngram)
+        return speculation(f.speculate, f.draft_max, f.ngram, draft)
     except LlamacyError as e:
         raise APIError(400, str(e), "invalid_value", "speculate") from None
 

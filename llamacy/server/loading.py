@@ -22,6 +22,7 @@ class ModelLoader:
     n_parallel: int = 4
     queue_size: int = 64
     chat_template: Path | None = None  # a Jinja file instead of each model's own
+    draft_model: str | None = None  # drafts for requests with speculate "draft" (same vocabulary)
 
     def __call__(self, spec: ModelSpec) -> ServedModel:
         from llamacy.chat_template import ChatTemplate
@@ -31,5 +32,10 @@ class ModelLoader:
         # The weights are bound once, by the Llama; the scheduler's batched Model is the only one built.
         llm = Llama(spec.source, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
         template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=self.chat_template)
-        scheduler = Scheduler(llm, n_parallel=self.n_parallel, n_ctx=llm.n_ctx, queue_size=self.queue_size)
+        draft = None
+        if self.draft_model is not None:
+            draft = Llama(self.draft_model, n_ctx=llm.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
+        scheduler = Scheduler(
+            llm, n_parallel=self.n_parallel, n_ctx=llm.n_ctx, queue_size=self.queue_size, draft=draft
+        )
         return ServedModel(spec.name, scheduler.start(), template)

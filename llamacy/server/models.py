@@ -2,6 +2,7 @@
 
     models = ModelRegistry([ModelSpec("smollm2-135m", "smollm2-135m", footprint)], load, max_memory=2 << 30)
     served = await models.acquire(body.model)   # None: the default (first) model; unknown: 404 naming them
+                                                # (with one model served, any name is that model)
 
 Each loaded model has its own scheduler. `max_memory` bounds the sum of the loaded models' footprints
 (estimated before loading, see `llamacy serve`); to load one more, the least recently used idle models are
@@ -191,6 +192,10 @@ class ModelRegistry:
 
     def _entry(self, name: str | None) -> _Entry:
         entry = self._entries.get(name if name is not None else self.default_name)
+        if entry is None and len(self._entries) == 1:
+            # One model served: whatever a client calls it, it means this one (llama-server does the
+            # same; clients often send a fixed name such as "gpt-4o"). With several, a name must choose.
+            entry = self._entries[self.default_name]
         if entry is None:
             known = ", ".join(self._entries)
             raise APIError(

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import llamacy.server.embeddings as embeddings
@@ -33,7 +33,8 @@ import llamacy.server.model_card as model_card
 from llamacy import __version__
 from llamacy.errors import LlamacyError
 from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
-from llamacy.server.dialect import collect, ns
+from llamacy.server.answer import Encoder, answer
+from llamacy.server.dialect import ns
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.ollama_schemas import (
@@ -141,57 +142,62 @@ def _logprobs(served: ServedModel, lps: list[TokenLogprob] | None) -> dict[str, 
     return {"logprobs": gen.chat_logprobs(served, lps)["content"]} if lps is not None else {}
 
 
-def _ndjson(lines: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(lines, media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
+class _OllamaEncoder(Encoder):
+    """NDJSON lines or one object. part(text, calls) -> the fields of a piece of the answer; final(done,
+    text, calls) -> the fields of the last object (text: the whole answer, or "" when streamed; calls: tool
+    calls in Ollama's shape, streamed in a piece of their own: Ollama's arguments are an object, not text
+    to send in pieces)."""
 
+    media_type = "application/x-ndjson"
+    headers = {"Cache-Control": "no-cache"}  # noqa: RUF012 (a class constant)
 
-async def _answer(
-    request: Request,
-    served: ServedModel,
-    clock: _Clock,
-    call: gen.Generation,
-    stream: bool,
-    want_lp: bool,
-    structured: StructuredRequest,
-    part: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
-    final: Callable[[Done, str, list[dict[str, Any]]], dict[str, Any]],
-) -> Response:
-    """Stream NDJSON lines or answer one object. part(text, calls) -> the fields of a piece of the answer;
-    final(done, text, calls) -> the fields of the last object (text: the whole answer, or "" when streamed;
-    calls: tool calls in Ollama's shape, streamed in a piece of their own)."""
+    def __init__(
+        self,
+        served: ServedModel,
+        clock: _Clock,
+        want_lp: bool,
+        structured: StructuredRequest,
+        part: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
+        final: Callable[[Done, str, list[dict[str, Any]]], dict[str, Any]],
+    ) -> None:
+        self.served = served
+        self.clock = clock
+        self.want_lp = want_lp
+        self.structured = structured
+        self.part = part
+        self.final = final
+        self.parser = structured.stream()  # holds back text that may be a tool call (None: no tools)
 
-    def head() -> dict[str, Any]:
-        return {"model": model_card.tagged(served.name), "created_at": model_card.rfc3339()}
+    def _head(self) -> dict[str, Any]:
+        return {"model": model_card.tagged(self.served.name), "created_at": model_card.rfc3339()}
 
-    if stream:
+    def delta(self, i: int, piece: Piece) -> list[str]:
+        text = self.parser.feed(piece.text) if self.parser is not None else piece.text
+        if not text and not (self.want_lp and piece.logprobs):
+            return []
+        lps = _logprobs(self.served, piece.logprobs) if self.want_lp else {}
+        return [_line({**self._head(), **self.part(text, []), "done": False, **lps})]
 
-        async def lines() -> AsyncIterator[str]:
-            parser = structured.stream()  # holds back text that may be a tool call (None: no tools)
-            async with gen.cancel_on_disconnect(request, call):
-                async for _, ev in call.events:
-                    if isinstance(ev, Piece):
-                        text = parser.feed(ev.text) if parser is not None else ev.text
-                        if text or (want_lp and ev.logprobs):
-                            lps = _logprobs(served, ev.logprobs) if want_lp else {}
-                            yield _line({**head(), **part(text, []), "done": False, **lps})
-                    elif isinstance(ev, Done):
-                        if parser is not None:
-                            rest, calls = parser.finish()
-                            if rest or calls:
-                                yield _line({**head(), **part(rest, _ollama_calls(calls)), "done": False})
-                        yield _line({**head(), **final(ev, "", []), **_metrics(ev, clock)})
-                    else:
-                        yield _line({"error": ev.message})  # the client raises ResponseError
+    def closing(self, i: int, done: Done) -> list[str]:
+        out = []
+        if self.parser is not None:
+            rest, calls = self.parser.finish()
+            if rest or calls:
+                out.append(_line({**self._head(), **self.part(rest, _ollama_calls(calls)), "done": False}))
+        return [*out, _line({**self._head(), **self.final(done, "", []), **_metrics(done, self.clock)})]
 
-        return _ndjson(lines())
+    def error(self, failed: Failed) -> list[str]:
+        return [_line({"error": failed.message})]  # the client raises ResponseError
 
-    end, lps_all = await collect(request, call)
-    if isinstance(end, Failed):
-        raise _failure(end)
-    lps = _logprobs(served, lps_all) if want_lp else {}
-    content, calls, _ = structured.reply(end.text, end.finish_reason)
-    fields = final(end, content or "", _ollama_calls(calls))
-    return JSONResponse({**head(), **fields, **_metrics(end, clock), **lps})
+    def failure(self, failed: Failed) -> APIError:
+        return _failure(failed)
+
+    def whole(self, dones: list[Done], logprobs: list[list[TokenLogprob]]) -> dict[str, Any]:
+        [end] = dones
+        lps = _logprobs(self.served, logprobs[0]) if self.want_lp else {}
+        content, calls, _ = self.structured.reply(end.text, end.finish_reason)
+        fields = self.final(end, content or "", _ollama_calls(calls))
+        return {**self._head(), **fields, **_metrics(end, self.clock), **lps}
 
 
 def _done_reason(done: Done) -> str:
@@ -230,17 +236,10 @@ async def generate(request: Request) -> Response:
             out["context"] = ids + done.tokens
         return out
 
-    return await _answer(
-        request,
-        served,
-        clock,
-        call,
-        body.streaming(),
-        body.logprobs is True,
-        structured,
-        lambda text, _calls: {"response": text},
-        final,
+    enc = _OllamaEncoder(
+        served, clock, body.logprobs is True, structured, lambda text, _calls: {"response": text}, final
     )
+    return await answer(request, call, enc, body.streaming())
 
 
 # ---- /api/chat ---------------------------------------------------------------------------------------
@@ -272,9 +271,8 @@ async def chat(request: Request) -> Response:
         # Ollama's done_reason stays "stop" when the answer is a tool call.
         return {**message(text, calls), "done": True, "done_reason": _done_reason(done)}
 
-    return await _answer(
-        request, served, clock, call, body.streaming(), body.logprobs is True, structured, message, final
-    )
+    enc = _OllamaEncoder(served, clock, body.logprobs is True, structured, message, final)
+    return await answer(request, call, enc, body.streaming())
 
 
 # ---- embeddings --------------------------------------------------------------------------------------

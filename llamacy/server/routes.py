@@ -16,11 +16,13 @@ from llamacy.server.ollama_routes import ERROR_SHAPES as OLLAMA_ERROR_SHAPES
 from llamacy.server.ollama_routes import ROUTES as OLLAMA_ROUTES
 from llamacy.server.openai_embeddings import ROUTES as EMBEDDING_ROUTES
 from llamacy.server.openai_routes import ROUTES as OPENAI_ROUTES
+from llamacy.server.responses_routes import ROUTES as RESPONSES_ROUTES
 from llamacy.server.tokenize_routes import ROUTES as TOKENIZE_ROUTES
 
 ROUTES: list[BaseRoute] = [
     *METRICS_ROUTES,
     *OPENAI_ROUTES,
+    *RESPONSES_ROUTES,
     *EMBEDDING_ROUTES,
     *TOKENIZE_ROUTES,
     *OLLAMA_ROUTES,

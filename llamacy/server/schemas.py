@@ -46,8 +46,9 @@ class SamplingFields(_Strict):
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     logit_bias: dict[str, float] | None = None  # token id (a string: JSON keys) -> bias in [-100, 100]
     # Speculative decoding of this request (llamacy's extension): "ngram" drafts by prompt lookup, up to
-    # draft_max tokens per step (n-grams of `ngram` tokens); the answer is distributed as without it.
-    speculate: Literal["ngram", "none"] | None = None
+    # draft_max tokens per step (n-grams of `ngram` tokens); "draft" with the server's --draft-model; the
+    # answer is distributed as without it.
+    speculate: Literal["ngram", "draft", "none"] | None = None
     draft_max: int | None = None
     ngram: int | None = None
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from llamacy.server.job_store import JobStore
 from llamacy.server.middleware import RequestCounter
 from llamacy.server.models import ModelRegistry
+from llamacy.server.responses_store import DEFAULT_MAX_ITEMS, DEFAULT_TTL_S, ResponseStore
 
 DEFAULT_MAX_BODY = 1 << 20  # 1 MiB: far more than any context we run holds in text
 
@@ -27,6 +28,8 @@ class ServerSettings:
     max_finished_jobs: int = 1000
     model_name: str = "llamacy"  # the name of the model when create_app is given one scheduler
     replica_name: str | None = None  # one replica of several: named in each response's X-Llamacy-Replica
+    response_ttl_s: float = DEFAULT_TTL_S  # stored Responses API responses: how long each is kept
+    max_stored_responses: int = DEFAULT_MAX_ITEMS  # and how many at most (the oldest go first)
 
 
 @dataclass
@@ -35,6 +38,7 @@ class ServerState:
     settings: ServerSettings
     jobs: JobStore
     requests: RequestCounter = field(default_factory=RequestCounter)
+    responses: ResponseStore = field(default_factory=ResponseStore)
     created: int = field(default_factory=lambda: int(time.time()))
 
 

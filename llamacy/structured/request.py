@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llamacy.structured.call_stream import ReplyStream
 from llamacy.structured.constraint import Constraint, TriggeredConstraint
 from llamacy.structured.grammar import Grammar, request_grammar
 from llamacy.structured.tool_parse import ToolCallStream, parse_tool_calls
@@ -82,6 +83,12 @@ class StructuredRequest:
         if self.tools.forced and calls:
             content = None  # the grammar allowed nothing but calls: a cut-off one is not text to show
         return content, calls, ("tool_calls" if calls else finish_reason)
+
+    def reply_stream(self) -> ReplyStream | None:
+        """A streaming parser of text and calls, the calls' arguments in pieces (None: no tools offered)."""
+        if not self.tools.active:
+            return None
+        return ReplyStream(self.tools.names(), self.tools.max_calls, hold_all=self.tools.forced)
 
     def stream(self) -> ToolCallStream | None:
         """A streaming parser when the reply may hold calls (None: stream the text as it comes)."""

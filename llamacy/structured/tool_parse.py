@@ -120,6 +120,11 @@ class ToolCallStream:
                 return self._release(len(self._held) - k)
         return self._release(len(self._held))
 
+    @property
+    def held(self) -> str:
+        """The text held back so far: from where a call may begin."""
+        return self._held
+
     def _release(self, n: int) -> str:
         out, self._held = self._held[:n], self._held[n:]
         self._shown += out

@@ -76,4 +76,3 @@ def kv_dtype(kv_type: str) -> type:
 def kv_itemsize(kv_type: str) -> int:
     """Bytes per cached value of a plain cache type (kv_dtype's; kv_row_bytes covers every type)."""
     return np.dtype(kv_dtype(kv_type)).itemsize
-

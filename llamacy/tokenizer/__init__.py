@@ -5,9 +5,10 @@
     dec = tok.stream_decoder()
     print("".join(dec.feed(i) for i in ids) + dec.flush())
 
-Two vocabulary kinds, chosen by `tokenizer.ggml.model`:
+Three vocabulary kinds, chosen by `tokenizer.ggml.model`:
 - "gpt2": byte-level BPE (SmolLM, Llama 3, Qwen2, ...), built with `tokenizers` (see bpe.py);
-- "llama": SentencePiece (Llama 1/2, Gemma, Mistral, ...), run by `sentencepiece` (see spm.py).
+- "llama": SentencePiece (Llama 1/2, Gemma 1-3, Mistral, ...), run by `sentencepiece` (see spm.py);
+- "gemma4": SentencePiece-style BPE ranked by merges (Gemma 4), built with `tokenizers` (see gemma4.py).
 In both, special tokens are first cut out of the text the way llama.cpp does it (vocab.py).
 """
 
@@ -22,12 +23,12 @@ from typing import Any, Literal
 import numpy as np
 
 from llamacy.errors import UnsupportedModelError, UsageError
-from llamacy.tokenizer import bpe, spm
+from llamacy.tokenizer import bpe, gemma4, spm
 from llamacy.tokenizer.vocab import SpecialSplitter, TokenType, Vocab, read_vocab
 
 __all__ = ["StreamDecoder", "TokenType", "Tokenizer"]
 
-_SUPPORTED_MODELS = "gpt2 (byte-level BPE), llama (SentencePiece)"
+_SUPPORTED_MODELS = "gpt2 (byte-level BPE), llama (SentencePiece), gemma4 (SentencePiece-style BPE)"
 _SKIPPED_WHEN_SKIPPING_SPECIAL = frozenset({int(TokenType.CONTROL), int(TokenType.UNKNOWN)})
 _SPECIAL = frozenset({int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN)})
 
@@ -35,9 +36,9 @@ _SPECIAL = frozenset({int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(T
 class Tokenizer:
     """Encodes text to token ids and back for one GGUF vocabulary."""
 
-    kind: Literal["bpe", "spm"]
+    kind: Literal["bpe", "spm", "gemma4"]
 
-    def __init__(self, vocab: Vocab, kind: Literal["bpe", "spm"]) -> None:
+    def __init__(self, vocab: Vocab, kind: Literal["bpe", "spm", "gemma4"]) -> None:
         self.vocab = vocab
         self.kind = kind
         self.n_vocab = vocab.n_vocab
@@ -56,6 +57,7 @@ class Tokenizer:
         self._hf = None  # bpe: tokenizers.Tokenizer
         self._sp = None  # spm: sentencepiece processor
         self._byte_ids: dict[int, int] | None = None
+        self._gemma4: gemma4.Gemma4Encoder | None = None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], cache_key: str | None = None) -> Tokenizer:
@@ -84,6 +86,13 @@ class Tokenizer:
             tok._byte_ids = spm.byte_token_ids(vocab)
             tok._sp = spm.load_processor(vocab, tok._byte_ids, cache_key)
             return tok
+        if model == "gemma4":
+            # llama.cpp: BPE vocabulary, pre-tokenizer "gemma4" whatever the file says, BOS always added.
+            vocab = read_vocab(metadata, default_add_bos=True)
+            vocab.add_bos = True
+            tok = cls(vocab, "gemma4")
+            tok._gemma4 = gemma4.build(vocab, metadata.get("tokenizer.ggml.merges"))
+            return tok
         raise UnsupportedModelError(
             f"unsupported tokenizer {model!r} (tokenizer.ggml.model); supported: {_SUPPORTED_MODELS}"
         )
@@ -104,6 +113,13 @@ class Tokenizer:
                 else:
                     ids = hf.encode(frag, add_special_tokens=False).ids
                     out.extend(ids if unknown not in ids else [i for i in ids if i != unknown])
+        elif self.kind == "gemma4":
+            encoder = self._gemma4
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                else:
+                    out.extend(encoder.encode(frag))
         else:
             # Raw fragments are encoded together (Gemma cuts text at every newline, so there can be many);
             # their ids are then put back between the special tokens.

@@ -126,6 +126,22 @@ def byte_level_decode(text: str) -> bytes:
         return b"".join(bytes((CHAR_TO_BYTE[c],)) if c in CHAR_TO_BYTE else c.encode() for c in text)
 
 
+def split_merges(merges: list[str]) -> list[tuple[str, str]]:
+    """The (left, right) pairs of `tokenizer.ggml.merges`: llama.cpp splits each merge at the first space
+    after its first character."""
+    joined = "\n".join(merges)
+    if joined.startswith(" ") or "\n " in joined:
+        pairs = [(m[: (p := m.find(" ", 1))], m[p + 1 :]) if m.find(" ", 1) > 0 else (m, "") for m in merges]
+    else:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2 or not pair[0] or not pair[1]:
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.merges[{i}] = {merges[i]!r} is not two tokens split by a space"
+            )
+    return pairs  # type: ignore[return-value]
+
+
 def build(vocab: Vocab, pre: PreTokenizer, merges: list[str]) -> HFTokenizer:
     """A `tokenizers` Tokenizer that turns one raw fragment (no special tokens) into ids.
 
@@ -137,17 +153,7 @@ def build(vocab: Vocab, pre: PreTokenizer, merges: list[str]) -> HFTokenizer:
     from tokenizers import Regex, models, pre_tokenizers  # imported here: SPM models never need it
     from tokenizers import Tokenizer as HFTokenizer
 
-    # llama.cpp splits each merge at the first space after its first character.
-    joined = "\n".join(merges)
-    if joined.startswith(" ") or "\n " in joined:
-        pairs = [(m[: (p := m.find(" ", 1))], m[p + 1 :]) if m.find(" ", 1) > 0 else (m, "") for m in merges]
-    else:
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-    for i, pair in enumerate(pairs):
-        if len(pair) != 2 or not pair[0] or not pair[1]:
-            raise UnsupportedModelError(
-                f"tokenizer.ggml.merges[{i}] = {merges[i]!r} is not two tokens split by a space"
-            )
+    pairs = split_merges(merges)
     known = vocab.token_to_id
     unk = UNKNOWN_CHAR
     while unk in known:

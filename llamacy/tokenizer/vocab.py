@@ -93,7 +93,7 @@ _C_SPACE = " \t\n\v\f\r"  # C isspace(): what llama.cpp's lstrip/rstrip attribut
 class Vocab:
     """Tokens and the facts about them that encoding and decoding need."""
 
-    model: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    model: str  # tokenizer.ggml.model: "gpt2", "llama" or "gemma4"
     pre: str  # tokenizer.ggml.pre ("" when absent)
     tokens: list[str]
     types: np.ndarray  # int8 TokenType per token, after llama.cpp's reclassification
@@ -157,6 +157,8 @@ def read_vocab(metadata: Mapping[str, Any], *, default_add_bos: bool) -> Vocab:
     # Special ids: llama.cpp's defaults per tokenizer model, then the file's values when in range.
     if model == "llama":
         ids: dict[str, int | None] = {"bos": 1, "eos": 2, "unk": 0}
+    elif model == "gemma4":  # llama.cpp: every default special id unset, the file names them
+        ids = {"bos": None, "eos": None, "unk": None}
     else:
         ids = {"bos": 11, "eos": 11, "unk": None}
     ids = {k: (v if v is not None and v < n else None) for k, v in ids.items()}

@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from llamacy.chat_gemma4 import GEMMA4
 from llamacy.errors import LlamacyError, UsageError
 
 # ChatML (SmolLM, Qwen, many fine-tunes): the reference engine's own fallback.
@@ -84,15 +85,17 @@ LLAMA3 = (
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
-BUILTINS: dict[str, str] = {"chatml": CHATML, "gemma": GEMMA, "llama3": LLAMA3}
+BUILTINS: dict[str, str] = {"chatml": CHATML, "gemma": GEMMA, "gemma4": GEMMA4, "llama3": LLAMA3}
 
 # Text markers that end an assistant turn (the end token) or begin another one (a model that skips its end
 # token and starts the next turn). Those a template mentions become stop strings and stop ids.
 _END_MARKERS = (
     "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|endoftext|>",
-    "<|end_of_text|>", "<end_of_utterance>", "</s>", "<eos>",
+    "<|end_of_text|>", "<end_of_utterance>", "</s>", "<eos>", "<turn|>",
 )  # fmt: skip
-_START_MARKERS = ("<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>", "<|assistant|>")
+_START_MARKERS = (
+    "<|im_start|>", "<start_of_turn>", "<|start_header_id|>", "<|user|>", "<|assistant|>", "<|turn>",
+)  # fmt: skip
 
 
 class ChatTemplateError(LlamacyError):
@@ -157,6 +160,8 @@ def choose_builtin(metadata: Mapping[str, Any], tokenizer: Any) -> tuple[str, st
     """The built-in template a model without one was trained with: (name, why)."""
     arch = str(metadata.get("general.architecture", ""))
     has = lambda text: _vocab_id(tokenizer, text) is not None  # noqa: E731
+    if has("<|turn>") and has("<turn|>"):  # Gemma 4's turn markers
+        return "gemma4", "the vocabulary has <|turn>"
     if arch.startswith("gemma") or has("<start_of_turn>"):
         return "gemma", f"{arch} model" if arch.startswith("gemma") else "the vocabulary has <start_of_turn>"
     if has("<|start_header_id|>") and has("<|eot_id|>"):

@@ -340,9 +340,15 @@ def llama_cpp_tensors(c: dict[str, Any], weights: dict[str, np.ndarray]) -> dict
 
 
 def write_llama_cpp_gguf(
-    model: Any, path: Path, wtype: QT = QT.F32, tensors: dict[str, np.ndarray] | None = None
+    model: Any,
+    path: Path,
+    wtype: QT = QT.F32,
+    tensors: dict[str, np.ndarray] | None = None,
+    gemma4_vocab: dict[str, Any] | None = None,
 ) -> Path:
-    """The GGUF file llama.cpp's converter writes for this checkpoint (Gemma4Model.set_gguf_parameters)."""
+    """The GGUF file llama.cpp's converter writes for this checkpoint (Gemma4Model.set_gguf_parameters).
+    With `gemma4_vocab` (tests/test_gemma4_tokenizer.py) the tokenizer is a "gemma4" one, as
+    Gemma4Model.set_vocab writes it; without, the Gemma-3-style SentencePiece vocabulary of the checkpoint."""
     from tests.model_factory import _add_tensor, _pad_vocab, _spm_vocab, _write_tokenizer
 
     c = model.config
@@ -375,9 +381,14 @@ def write_llama_cpp_gguf(
         w.add_expert_used_count(c["top_k_experts"])
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
     w.add_file_type(int(wtype))
-    vocab = _spm_vocab("gemma3")
-    _pad_vocab(vocab, c["vocab_size"])
-    _write_tokenizer(w, vocab)
+    if gemma4_vocab is not None:
+        from tests.test_gemma4_tokenizer import write_gemma4_tokenizer
+
+        write_gemma4_tokenizer(w, gemma4_vocab, n_vocab=c["vocab_size"])
+    else:
+        vocab = _spm_vocab("gemma3")
+        _pad_vocab(vocab, c["vocab_size"])
+        _write_tokenizer(w, vocab)
     for name, array in (tensors or llama_cpp_tensors(c, model.weights)).items():
         _add_tensor(w, name, np.asarray(array, np.float32), wtype)
     w.write_header_to_file()

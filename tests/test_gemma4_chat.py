@@ -130,3 +130,60 @@ def test_the_tiny_gemma4_model_loads_and_chats_with_its_tokenizer(model_path) ->
     if j.returncode == 0:
         info = json.loads(j.stdout)
         assert "gemma4" in json.dumps(info)
+
+
+Q = '<|"|>'
+
+
+def test_gemma4_tool_calls_are_parsed() -> None:
+    from llamacy.structured.tool_parse import parse_tool_calls
+
+    text = (
+        f"<|tool_call>call:get_weather{{city:{Q}Paris, {{France}}{Q},days:2,"
+        f"opts:{{deep:true,none:null,tags:[{Q}a{Q},1.5]}}}}<tool_call|>"
+    )
+    content, calls = parse_tool_calls(text, ["get_weather"])
+    assert content is None and len(calls) == 1
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "city": "Paris, {France}",
+        "days": 2,
+        "opts": {"deep": True, "none": None, "tags": ["a", 1.5]},
+    }
+    # text around calls stays content; two calls; a missing close marker at the end of the reply
+    two = f"Sure.<|tool_call>call:f{{}}<tool_call|><|tool_call>call:g{{x:{Q}y{Q}}}"
+    content, calls = parse_tool_calls(two, ["f", "g"])
+    assert content == "Sure." and [c["function"]["name"] for c in calls] == ["f", "g"]
+    assert json.loads(calls[1]["function"]["arguments"]) == {"x": "y"}
+    # a tool that is not offered, or arguments that are not Gemma 4's syntax, stay text
+    assert parse_tool_calls("<|tool_call>call:h{}<tool_call|>", ["f"]) == (
+        "<|tool_call>call:h{}<tool_call|>",
+        [],
+    )
+    bad = f"<|tool_call>call:f{{x:{Q}unterminated}}<tool_call|>"
+    assert parse_tool_calls(bad, ["f"]) == (bad, [])
+
+
+def test_a_rendered_call_parses_back_to_its_arguments(tok) -> None:
+    from llamacy.structured.tool_parse import parse_tool_calls
+
+    args = {"city": "Paris", "days": 2, "units": ["C", "F"], "opts": {"deep": False}}
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": args}}
+    tpl = ChatTemplate(GEMMA4, tok, name="gemma4", builtin=True)
+    text = tpl.render(
+        [{"role": "assistant", "content": "", "tool_calls": [call]}], add_generation_prompt=False
+    )
+    reply = text.split("<|turn>model\n", 1)[1].removesuffix("<turn|>\n")
+    content, calls = parse_tool_calls(reply, ["get_weather"])
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == args
+
+
+def test_a_streamed_gemma4_call_is_held_back() -> None:
+    from llamacy.structured.tool_parse import ToolCallStream
+
+    reply = f"Let me look.<|tool_call>call:get_weather{{city:{Q}Oslo{Q}}}<tool_call|>"
+    s = ToolCallStream(["get_weather"])
+    shown = "".join(s.feed(ch) for ch in reply)
+    rest, calls = s.finish()
+    assert shown == "Let me look." and rest == ""
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}

@@ -1,8 +1,9 @@
 """A reply that may contain tool calls, parsed into OpenAI's message.tool_calls shape, whole or streamed.
 
 Recognised: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Hermes, Qwen; the closing tag may
-be missing at the end of the reply), and a reply that is only a JSON call or a list of calls, optionally in a
-```json fence (Llama 3.1 writes "parameters" for "arguments"). A call naming a function that is not offered
+be missing at the end of the reply), Gemma 4's `<|tool_call>call:NAME{key:value,...}<tool_call|>` (strings
+between `<|"|>` quotes, keys bare, as its chat template writes calls), and a reply that is only a JSON call or a
+list of calls, optionally in a ```json fence (Llama 3.1 writes "parameters" for "arguments"). A call naming a function that is not offered
 stays text: inventing a call the program cannot dispatch is worse than showing what the model wrote.
 """
 
@@ -18,6 +19,12 @@ from llamacy.structured.tools import CALL_CLOSE, CALL_OPEN
 
 _BLOCK = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+_GEMMA4_BLOCK = re.compile(
+    re.escape(GEMMA4_OPEN) + r"call:([^{<\s]+)(\{.*?\})\s*(?:" + re.escape(GEMMA4_CLOSE) + r"|$)", re.S
+)
+_OPENERS = (CALL_OPEN, GEMMA4_OPEN)
+_GEMMA4_ATOM = re.compile(r"[^,}\]]*")
 
 
 def new_call_id() -> str:
@@ -60,12 +67,104 @@ def _bare_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
     return calls if calls and all(c is not None for c in calls) else None  # type: ignore[return-value]
 
 
+class _Gemma4Value:
+    """Gemma 4's argument syntax (format_argument in its template) -> Python values."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.pos = text, 0
+
+    def value(self) -> Any:
+        t, q = self.text, GEMMA4_QUOTE
+        if t.startswith(q, self.pos):
+            end = t.find(q, self.pos + len(q))
+            if end < 0:
+                raise ValueError("unterminated string")
+            out, self.pos = t[self.pos + len(q) : end], end + len(q)
+            return out
+        if t.startswith("{", self.pos):
+            return self.mapping()
+        if t.startswith("[", self.pos):
+            self.pos += 1
+            items: list[Any] = []
+            while not t.startswith("]", self.pos):
+                items.append(self.value())
+                if t.startswith(",", self.pos):
+                    self.pos += 1
+                elif not t.startswith("]", self.pos):
+                    raise ValueError("bad list")
+            self.pos += 1
+            return items
+        m = _GEMMA4_ATOM.match(t, self.pos)
+        self.pos = m.end()
+        atom = m.group().strip()
+        if atom in ("true", "false", "null"):
+            return {"true": True, "false": False, "null": None}[atom]
+        try:
+            return json.loads(atom)  # a number
+        except json.JSONDecodeError:
+            return atom  # bare text: kept as a string
+
+    def mapping(self) -> dict[str, Any]:
+        t = self.text
+        if not t.startswith("{", self.pos):
+            raise ValueError("not an object")
+        self.pos += 1
+        out: dict[str, Any] = {}
+        while not t.startswith("}", self.pos):
+            if t.startswith(GEMMA4_QUOTE, self.pos):
+                key = self.value()
+                colon = t.find(":", self.pos)
+            else:
+                colon = t.find(":", self.pos)
+                key = t[self.pos : colon].strip()
+            if colon < 0:
+                raise ValueError("key without value")
+            self.pos = colon + 1
+            out[key] = self.value()
+            if t.startswith(",", self.pos):
+                self.pos += 1
+            elif not t.startswith("}", self.pos):
+                raise ValueError("bad object")
+        self.pos += 1
+        return out
+
+
+def gemma4_arguments(body: str) -> dict[str, Any] | None:
+    """`{key:value,...}` as Gemma 4 writes a call's arguments, or None when it is not that."""
+    p = _Gemma4Value(body)
+    try:
+        args = p.mapping()
+    except (ValueError, IndexError, AttributeError):
+        return None
+    return args if p.pos == len(body) else None
+
+
+def _gemma4_calls(text: str, names: set[str]) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
+    calls, spans = [], []
+    for m in _GEMMA4_BLOCK.finditer(text):
+        args = gemma4_arguments(m.group(2))
+        call = None if args is None else _as_call({"name": m.group(1), "arguments": args}, names)
+        if call is not None:
+            calls.append(call)
+            spans.append(m.span())
+    return calls, spans
+
+
 def parse_tool_calls(text: str, names: Iterable[str]) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool_calls) of a reply. Content is the text around the calls, None when there is none."""
     names = set(names)
     bare = _bare_calls(text, names)
     if bare is not None:
         return None, bare
+    if GEMMA4_OPEN in text:
+        calls, spans = _gemma4_calls(text, names)
+        if calls:
+            kept, pos = [], 0
+            for start, end in spans:
+                kept.append(text[pos:start])
+                pos = end
+            kept.append(text[pos:])
+            return ("".join(kept).strip() or None), calls
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0
@@ -110,13 +209,13 @@ class ToolCallStream:
         if not self._shown and self._held.lstrip().startswith(("{", "[", "`")):
             self._holding_rest = True  # the whole reply may be a bare JSON call
             return ""
-        at = self._held.find(CALL_OPEN)
-        if at >= 0:
+        found = [at for at in (self._held.find(o) for o in _OPENERS) if at >= 0]
+        if found:
             self._holding_rest = True
-            return self._release(at)
-        # Keep back a tail that could be the start of the marker.
-        for k in range(min(len(CALL_OPEN) - 1, len(self._held)), 0, -1):
-            if CALL_OPEN.startswith(self._held[-k:]):
+            return self._release(min(found))
+        # Keep back a tail that could be the start of a marker.
+        for k in range(min(max(map(len, _OPENERS)) - 1, len(self._held)), 0, -1):
+            if any(o.startswith(self._held[-k:]) for o in _OPENERS):
                 return self._release(len(self._held) - k)
         return self._release(len(self._held))
 

@@ -11,6 +11,7 @@ derivation. llama-cpp-python is not installed here, so no ids from llama.cpp its
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from llamacy.tokenizer.gemma4 import merge_reference
 # Gemma's layout: pad, eos, bos, unk, mask, then the turn/tool markers, the 256 byte tokens, the rest.
 SPECIALS = [
     ("<pad>", TokenType.CONTROL), ("<eos>", TokenType.CONTROL), ("<bos>", TokenType.CONTROL),
-    ("<unk>", TokenType.UNKNOWN), ("<mask>", TokenType.CONTROL),
+    ("<unk>", TokenType.CONTROL), ("<mask>", TokenType.CONTROL),  # LlamaHfVocab: special ids are CONTROL
     ("<|turn>", TokenType.CONTROL), ("<turn|>", TokenType.CONTROL), ("<|think|>", TokenType.CONTROL),
     ("<|tool>", TokenType.CONTROL), ("<tool|>", TokenType.CONTROL),
     # convert_hf_to_gguf.py Gemma4Model.set_vocab: "always render these tokens" -> USER_DEFINED
@@ -58,7 +59,7 @@ def gemma4_vocab(add_bos: bool = True) -> dict[str, Any]:
         "tokens": tokens,
         "types": types,
         "merges": list(MERGES),
-        "scores": [0.0] * len(tokens),  # unused by llama.cpp's BPE
+        "scores": [-1000.0] * len(tokens),  # LlamaHfVocab's placeholder; llama.cpp's BPE ignores scores
         "special": {"bos": 2, "eos": 1, "unk": 3, "pad": 0},
         "add_bos": add_bos,
         "add_space_prefix": False,
@@ -73,7 +74,7 @@ def write_gemma4_tokenizer(w: GGUFWriter, vocab: dict[str, Any], n_vocab: int | 
     for i in range((n_vocab or len(tokens)) - len(tokens)):
         tokens.append(f"<unused{i}>")
         types.append(int(TokenType.UNUSED))
-        scores.append(0.0)
+        scores.append(-1000.0)
     w.add_tokenizer_model("gemma4")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -235,3 +236,69 @@ def test_a_vocabulary_without_merges_is_refused() -> None:
     del md["tokenizer.ggml.merges"]
     with pytest.raises(UnsupportedModelError, match="merges"):
         Tokenizer.from_metadata(md)
+
+
+def write_hf_gemma4_tokenizer(directory: Path) -> Any:
+    """The same vocabulary as a Hugging Face tokenizer.json (BPE with byte fallback, spaces replaced by "▁",
+    the markers as added tokens) and tokenizer_config.json; returns the `tokenizers` Tokenizer."""
+    from tokenizers import AddedToken, decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    v = gemma4_vocab()
+    table = {t: i for i, t in enumerate(v["tokens"])}
+    pairs = [tuple(m.split(" ")) for m in v["merges"]]
+    hf = HFTokenizer(
+        models.BPE(vocab=table, merges=pairs, byte_fallback=True, unk_token="<unk>", fuse_unk=True)
+    )
+    hf.normalizer = normalizers.Replace(" ", "\u2581")
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    hf.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, ty in SPECIALS if ty != TokenType.USER_DEFINED]
+    )
+    hf.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, ty in SPECIALS if ty == TokenType.USER_DEFINED]
+    )
+    hf.save(str(directory / "tokenizer.json"))
+    config = {
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "mask_token": "<mask>", "add_bos_token": True, "add_eos_token": False,
+    }  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return hf
+
+
+HF_TEXTS = [
+    "hello world", " hello", "  hello  world ", "user model", " the thi", "aaa aa a", "hi\n hi\n",
+    "añ 中🙂 é\r\n", "<|turn>user\nhello<turn|>\n<|turn>model\n", 'x<|"|>y<|tool_call>call:f{}<tool_call|>',
+    "\t\tab\tc", "world, worlds! hello?",
+]  # fmt: skip
+
+
+def test_llamacy_convert_writes_gemma4s_tokenizer_and_it_agrees_with_hugging_face(tmp_path: Path) -> None:
+    """`llamacy convert` of a Gemma 4 checkpoint with a tokenizer.json writes the "gemma4" tokenizer as
+    Gemma4Model.set_vocab does, and on text without newline runs (which llama.cpp takes whole when they are a
+    token) its ids are those of the Hugging Face tokenizer."""
+    from llamacy.convert import convert
+    from tests.hf_gemma4 import write_gemma4_hf_model
+
+    model = write_gemma4_hf_model(tmp_path / "hf", seed=1)
+    (model.path / "tokenizer.model").unlink()  # Gemma 4 ships tokenizer.json
+    hf = write_hf_gemma4_tokenizer(model.path)
+    out = tmp_path / "conv.gguf"
+    convert(model.path, out, "f32", threads=1)
+    with GGUFFile(out) as f:
+        md = f.metadata
+        tok = Tokenizer.from_metadata(md)
+    assert md["tokenizer.ggml.model"] == "gemma4" and md["tokenizer.ggml.add_bos_token"] is True
+    assert md["tokenizer.ggml.add_space_prefix"] is False
+    v = gemma4_vocab()
+    n = len(v["tokens"])
+    assert list(md["tokenizer.ggml.tokens"])[:n] == v["tokens"]
+    assert [int(t) for t in md["tokenizer.ggml.token_type"]][:n] == [int(t) for t in v["types"]]
+    assert list(md["tokenizer.ggml.merges"]) == v["merges"]
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (2, 1, 0)
+    for text in HF_TEXTS:
+        assert tok.encode(text, special=True) == hf.encode(text, add_special_tokens=False).ids, text
+    assert tok.encode("a\n\nb") != hf.encode("a\n\nb").ids  # llama.cpp's rule for newline runs

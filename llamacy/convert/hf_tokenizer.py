@@ -5,7 +5,12 @@ As convert_hf_to_gguf.py does it, without transformers:
   (normal, unknown, control, unused, byte), then added tokens from added_tokens.json and
   tokenizer_config.json's added_tokens_decoder (control if special or special-looking, else user-defined);
 - otherwise `tokenizer.json` with a byte-level BPE model -> "gpt2": tokens (added ones typed as above),
-  merges, and the pre-tokenizer's name in tokenizer.ggml.pre.
+  merges, and the pre-tokenizer's name in tokenizer.ggml.pre;
+- Gemma 4 (`tokenizer.json`, BPE with byte fallback) -> "gemma4", as Gemma4Model.set_vocab writes it: the
+  tokens as gguf's LlamaHfVocab lists them (score -1000, <0xXX> byte, special ids control, the rest normal,
+  added tokens past the base vocabulary user-defined), its seven tool/channel markers user-defined, merges,
+  add_space_prefix false, add_bos true. LlamaHfVocab asks transformers for the special ids; we take the
+  named special tokens of tokenizer_config.json and the added tokens marked special.
 Both are padded with "[PAD<i>]" unused tokens up to the model's vocab_size (the embedding's rows). Special
 token ids, add_bos/add_eos and the chat template come from gguf.SpecialVocab, the reference's own reader of
 tokenizer_config.json / tokenizer.json / config.json.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,7 @@ from gguf import GGUFWriter, SpecialVocab, TokenType
 from llamacy.errors import UnsupportedModelError, UsageError
 
 log = logging.getLogger("llamacy")
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 # The Split regexes of the Hugging Face tokenizers (as written in tokenizer.json) that llama.cpp knows.
 _LLAMA3_REGEX = (
@@ -48,7 +55,12 @@ _PRE_NAMES: dict[tuple[tuple[Any, ...], ...], str] = {
 
 def add_tokenizer(w: GGUFWriter, directory: Path, arch: str, n_vocab: int) -> None:
     """Write the tokenizer of `directory` for a model with `n_vocab` embedding rows."""
-    if (directory / "tokenizer.model").is_file():
+    if arch == "gemma4" and (directory / "tokenizer.json").is_file():
+        n_tokens = _add_gemma4(w, directory, n_vocab)
+        special = SpecialVocab(directory, load_merges=True, n_vocab=n_tokens)
+        special.add_special_token["bos"] = True  # Gemma4Model.set_vocab: add_add_bos_token(True)
+        special.add_to_gguf(w, quiet=True)  # add_space_prefix false: the architecture's tokenizer hook
+    elif (directory / "tokenizer.model").is_file():
         n_tokens = _add_sentencepiece(w, directory, n_vocab)
         SpecialVocab(directory, n_vocab=n_tokens).add_to_gguf(w, quiet=True)
     elif (directory / "tokenizer.json").is_file():
@@ -184,6 +196,70 @@ def _add_bpe(w: GGUFWriter, directory: Path, n_vocab: int) -> int:
     w.add_token_list(tokens)
     w.add_token_types(types)
     return n_vocab
+
+
+# convert_hf_to_gguf.py Gemma4Model.set_vocab: "always render these tokens, so that the chat parser can read them"
+_GEMMA4_VISIBLE = {
+    "<|channel>",
+    "<channel|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+}
+
+
+def _add_gemma4(w: GGUFWriter, directory: Path, n_vocab: int) -> int:
+    path = directory / "tokenizer.json"
+    data = _read_json(path)
+    model = data.get("model") or {}
+    if model.get("type") != "BPE" or not model.get("byte_fallback"):
+        raise UnsupportedModelError(f"{path}: Gemma 4's tokenizer is a BPE model with byte fallback")
+    base: dict[str, int] = dict(model.get("vocab") or {})
+    n_base = len(base)
+    text_of = {tid: text for text, tid in base.items()}
+    added = {int(a["id"]): a for a in data.get("added_tokens") or []}
+    for tid, a in added.items():
+        text_of[tid] = a["content"]
+    config = directory / "tokenizer_config.json"
+    config_data = _read_json(config) if config.is_file() else {}
+    named = []
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token", "sep_token", "cls_token"):
+        value = config_data.get(key)
+        named.append(value.get("content") if isinstance(value, dict) else value)
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        extra = config_data.get(key) or []
+        named += list(extra.values()) if isinstance(extra, dict) else list(extra)
+    ids = {t: i for i, t in text_of.items()}
+    special = {ids[t] for t in named if isinstance(t, str) and t in ids}
+    special |= {tid for tid, a in added.items() if a.get("special")}
+    order = list(range(n_base)) + sorted(t for t in added if t >= n_base)
+    if (order and max(order) >= n_vocab) or len(order) > n_vocab:
+        raise UnsupportedModelError(
+            f"{path}: {len(order)} tokens do not fit the model's vocab_size of {n_vocab}"
+        )
+    tokens, types = [], []
+    for tid in order:
+        text = text_of.get(tid, f"[PAD{tid}]")
+        if text in _GEMMA4_VISIBLE:
+            ttype = TokenType.USER_DEFINED
+        elif tid >= n_base:
+            ttype = TokenType.CONTROL if tid in special else TokenType.USER_DEFINED
+        elif _BYTE_TOKEN.fullmatch(text):
+            ttype = TokenType.BYTE
+        else:
+            ttype = TokenType.CONTROL if tid in special else TokenType.NORMAL
+        tokens.append(text)
+        types.append(int(ttype))
+    for i in range(len(tokens), n_vocab):
+        tokens.append(f"[PAD{i}]")
+        types.append(int(TokenType.UNUSED))
+    w.add_tokenizer_model("gemma4")
+    w.add_token_list(tokens)
+    w.add_token_scores([-1000.0] * len(tokens))
+    w.add_token_types(types)
+    return len(tokens)
 
 
 def bpe_pre_name(tokenizer_json: dict[str, Any], path: Path | str = "tokenizer.json") -> str:

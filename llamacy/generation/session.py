@@ -12,7 +12,7 @@ its new tokens). The steps after the prompt are the scheduler's: see steps.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,12 +75,14 @@ class Session:
         constraint: Any = None,
         speculate: Speculation | None = None,
         draft_model: Any = None,
+        on_prompt: Callable[[list[int]], None] | None = None,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated, then (-1, text held back to the end) if any. The piece
         is "" while a character or stop string is incomplete. self.last grows as it goes. `constraint` (a
         llamacy.structured.Constraint) confines the output to its grammar. `speculate` drafts tokens and
         verifies them in one batched step; the output is distributed as without it (greedy: identical).
-        draft_model: the Model (one sequence) that drafts when speculate.mode is "draft"."""
+        draft_model: the Model (one sequence) that drafts when speculate.mode is "draft". on_prompt(ids) is
+        called once the prompt is evaluated, while the memory holds exactly it (a prompt cache saves it)."""
         t0 = time.perf_counter()
         model = self.model
         kv = model.kv
@@ -109,6 +111,8 @@ class Session:
         rows = model.eval(ids[keep:], logits="last")[None, :]
         t_gen = time.perf_counter()
         st.prompt_s = t_gen - t0
+        if on_prompt is not None:
+            on_prompt(ids)
         draft: list[int] = []
         while True:
             cached = kv.length(0) - len(draft)  # the cache as plain decoding would hold it at rows[0]

@@ -103,6 +103,11 @@ def serve(
         help='A smaller model with the same vocabulary that drafts for requests with speculate: "draft" '
         "(greedy answers are those of plain decoding; sampled ones keep their distribution).",
     ),
+    slot_save_path: Path = typer.Option(
+        None,
+        "--slot-save-path",
+        help="A directory for POST /slots/{id}?action=save|restore (llama-server's): slots' memory in files.",
+    ),
 ) -> None:
     from llamacy.errors import UsageError, require_range
 
@@ -150,7 +155,13 @@ def serve(
             )
         specs.append(ModelSpec(name, source, footprint))
 
-    settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl)
+    if slot_save_path is not None and not slot_save_path.is_dir():
+        raise UsageError(f"--slot-save-path {slot_save_path} is not a directory")
+    settings = ServerSettings(
+        api_key=api_key or None,
+        job_ttl_s=job_ttl,
+        slot_save_path=str(slot_save_path) if slot_save_path is not None else None,
+    )
     if ray_address is not None:
         from llamacy.distributed.ray_serve import ReplicaPlan, serve_on_ray
 

@@ -48,6 +48,9 @@ class GenerationRequest:
     # A llamacy.generation.speculate.Speculation: this sequence drafts tokens by prompt lookup and verifies
     # them in the step's batch (ignored under a constraint). Other sequences' results are unchanged.
     speculate: Any = None
+    # The slot (sequence) to run in, llama-server's id_slot: a restored slot is continued by the request
+    # that names it (it waits for the slot if it is busy). None: the scheduler picks one.
+    slot: int | None = None
 
 
 @dataclass

@@ -130,6 +130,7 @@ def build_request(
         ignore_eos=f.ignore_eos,
         logprobs=logprobs,
         speculate=_speculation(f, served),
+        slot=f.slot(),
     )
 
 

@@ -30,6 +30,7 @@ class ServerSettings:
     replica_name: str | None = None  # one replica of several: named in each response's X-Llamacy-Replica
     response_ttl_s: float = DEFAULT_TTL_S  # stored Responses API responses: how long each is kept
     max_stored_responses: int = DEFAULT_MAX_ITEMS  # and how many at most (the oldest go first)
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save|restore work
 
 
 @dataclass

@@ -195,7 +195,9 @@ class ChatSession:
         of another model or KV type, or a damaged one, is refused (MemoryFileError) and nothing changes."""
         from llamacy.model.memory_file import MemoryFileError, read_memory_header
 
-        extra = read_memory_header(path).get("extra") or {}
+        extra = read_memory_header(path).get("extra")
+        if not isinstance(extra, dict):
+            raise MemoryFileError(f"{path}: not a chat session file (no conversation)")
         messages = check_messages(extra.get("messages"), str(path))
         ids, text = extra.get("ids"), extra.get("text")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):

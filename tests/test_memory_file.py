@@ -126,3 +126,44 @@ def test_a_ring_restored_into_a_smaller_ring_or_a_full_cache(tiny_model, tmp_pat
     small = _model(llm, 200, 4)
     load_memory(tmp_path / "r.bin", small.memory, 0, ident, arch)
     assert np.array_equal(small.eval(ids[60:], logits="all"), a.eval(ids[60:], logits="all"))
+
+
+def test_hostile_headers_with_a_valid_checksum_are_refused(tiny_model, tmp_path):
+    """The checksum finds damage, not malice: a header rewritten (and the checksum recomputed) is still
+    checked field by field, and refused in one line with nothing loaded."""
+    import hashlib
+    import json
+    import struct
+
+    llm = Llama(tiny_model("llama", QT.Q8_0), n_ctx=128, n_threads=1)
+    ident, arch = model_identity(llm.gguf), llm.config.arch
+    a = _model(llm, 128, 16)
+    a.eval(_ids(20))
+    f = tmp_path / "m.bin"
+    save_memory(f, a.memory, 0, ident, arch)
+    data = f.read_bytes()
+    _, _, head_len = struct.unpack_from("<8sII", data)
+    header = json.loads(data[16 : 16 + head_len])
+    payload = data[16 + head_len : -32]
+    b = _model(llm, 128, 16)
+    b.eval([5, 6, 7])
+
+    def forged(**changes) -> None:
+        h = json.dumps({**header, **changes}).encode()
+        body = data[:8] + struct.pack("<II", 1, len(h)) + h + payload
+        g = tmp_path / "forged.bin"
+        g.write_bytes(body + hashlib.sha256(body).digest())
+        with pytest.raises(MemoryFileError) as e:
+            load_memory(g, b.memory, 0, ident, arch)
+        assert "\n" not in str(e.value) and b.memory.tokens[0] == [5, 6, 7]
+
+    forged(n_tokens=-5)
+    forged(n_tokens=10**9)
+    forged(n_tokens=21)
+    forged(layers=header["layers"][:-1])
+    forged(layers="x")
+    forged(layers=[{**header["layers"][0], "count": -3, "first": 23}, *header["layers"][1:]])
+    forged(layers=[{**header["layers"][0], "row_bytes": 1}, *header["layers"][1:]])
+    forged(high=5)
+    forged(model=None)
+    forged(kv_type=["f16"])

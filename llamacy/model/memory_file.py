@@ -132,6 +132,13 @@ def save_memory(
     }
     head = json.dumps(header, separators=(",", ":")).encode()
     path = Path(path)
+    try:
+        return _write(path, head, blocks)
+    except OSError as e:
+        raise MemoryFileError(f"cannot write memory file {path}: {e.strerror}") from None
+
+
+def _write(path: Path, head: bytes, blocks: list[np.ndarray]) -> int:
     digest = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
@@ -191,7 +198,7 @@ def load_memory(path: str | os.PathLike, memory: Memory, seq: int, model: str, a
     header, payload = _read(path)
     try:
         return _apply(name, header, payload, memory, seq, model, arch)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise MemoryFileError(f"{name}: corrupt memory file header ({type(e).__name__})") from None
 
 
@@ -203,6 +210,8 @@ def _apply(
     if header["kv_type"] != memory.kv_type:
         raise MemoryFileError(f"{name}: saved with --kv-type {header['kv_type']}, not {memory.kv_type}")
     n, high = int(header["n_tokens"]), int(header["high"])
+    if n < 0:
+        raise MemoryFileError(f"{name}: corrupt memory file header (n_tokens)")
     if n > memory.n_ctx:
         raise MemoryFileError(f"{name}: holds {n} tokens, more than the context of {memory.n_ctx}")
     entries = header["layers"]
@@ -222,6 +231,8 @@ def _apply(
                 raise MemoryFileError(f"{name}: layer {il} holds rows where this model's keeps none")
             continue
         first, count = int(e["first"]), int(e["count"])
+        if count < 0:
+            raise MemoryFileError(f"{name}: corrupt memory file header (layer {il})")
         if (
             (e["n_head_kv"], e["row_bytes"]) != (lm.n_head_kv, lm.row_bytes)
             or first < 0

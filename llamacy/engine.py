@@ -188,6 +188,8 @@ class Llama:
         ngram: int | None = None,
         draft_model: str | PathLike | None = None,
         on_prompt: Any = None,
+        context_shift: bool = False,
+        keep: int = 0,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
@@ -199,7 +201,9 @@ class Llama:
         one batched step: greedy output is identical, sampled output keeps its distribution.
         speculate="draft" drafts with draft_model instead (a path or name; a smaller model with the same
         vocabulary, loaded on first use and kept). on_prompt(ids): called once the prompt is evaluated (the
-        memory then holds exactly it: save_memory saves a prompt cache)."""
+        memory then holds exactly it: save_memory saves a prompt cache). context_shift: a prompt longer than
+        the context is fitted and a full context drops the older half after the first `keep` tokens
+        (llamacy/generation/shift.py) instead of ending the generation."""
         params = sampling_params(sampling)
         spec = speculation(speculate, draft_max, ngram, draft_model)
         drafter_model = self._draft_model(spec.draft_model) if spec is not None and spec.draft_model else None
@@ -221,6 +225,7 @@ class Llama:
             speculate=spec,
             draft_model=drafter_model,
             on_prompt=on_prompt,
+            shift_keep=keep if context_shift else None,
         )
 
     def _draft_model(self, name: str) -> Model:

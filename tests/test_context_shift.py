@@ -77,3 +77,46 @@ def test_responses_truncation_auto_per_request(llm):
         r = c.post("/v1/responses", json={**body, "truncation": "auto"})
         assert r.status_code == 200, r.text
         assert r.json()["truncation"] == "auto" and r.json()["usage"]["input_tokens"] < 128
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_generation_goes_on_past_a_full_context_with_an_exact_cache(tmp_path, arch):
+    """`run --context-shift`: a full context keeps its first --keep tokens and the newer half of the rest,
+    and the kept tokens are evaluated again: the cache then holds what a fresh evaluation of them gives."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as QT
+
+    from llamacy import Llama
+    from llamacy.model import Model
+    from tests.model_factory import write_tiny_model
+
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch=arch, wtype=QT.Q8_0, n_ctx=256)
+    prompt = "hello there, how are you"
+    plain = Llama(path, n_ctx=64, n_threads=1, kv_type="f32", n_batch=8)
+    list(plain.generate_tokens(prompt, max_tokens=150, temperature=0))
+    short = plain.last.tokens
+    assert plain.last.finish_reason == "length" and len(plain.last.tokens) < 64
+    llm = Llama(path, n_ctx=64, n_threads=1, kv_type="f32", n_batch=8)
+    ids = llm.tokenize(prompt)
+    list(llm.generate_tokens(prompt, max_tokens=150, temperature=0, context_shift=True, keep=4))
+    st = llm.last.stats
+    assert len(llm.last.tokens) == 150 and st.context_shifts >= 2, llm.last.finish_reason
+    assert llm.last.tokens[: len(short)] == short  # the same until the first shift
+    kv = llm.model.kv
+    assert kv.tokens[0][:4] == ids[:4] and kv.length(0) <= 64
+    fresh = Model(llm.gguf, 64, 1, ubatch=8, cfg=llm.config, kv_type="f32", weights=llm.weights)
+    want = fresh.eval([*kv.tokens[0], 7], logits="last")
+    np.testing.assert_array_equal(llm.model.eval([7], logits="last"), want)
+
+
+def test_run_context_shift_flag(tmp_path):
+    from gguf import GGMLQuantizationType as QT
+
+    from tests.model_factory import write_tiny_model
+    from tests.test_cli import llamacy
+
+    path = write_tiny_model(tmp_path / "t.gguf", arch="llama", wtype=QT.Q8_0)
+    r = llamacy("run", "hello", "-m", str(path), "-c", "32", "-n", "80", "--temp", "0", "-t", "1",
+                "--context-shift", "--keep", "2", "-v")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "generated 80 tok" in r.stderr.decode()

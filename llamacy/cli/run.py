@@ -60,6 +60,12 @@ def run(
     grammar: str = typer.Option(
         None, "--grammar", help="Output that a GBNF grammar file (root rule `root`) accepts."
     ),
+    context_shift: bool = typer.Option(
+        False,
+        "--context-shift",
+        help="When the context is full, drop the older half after the first --keep tokens and go on.",
+    ),
+    keep: int = typer.Option(0, "--keep", help="With --context-shift: the prompt's first tokens to keep."),
     prompt_cache: Path = typer.Option(
         None,
         "--prompt-cache",
@@ -87,6 +93,8 @@ def run(
             stop=stop or (),
             grammar=constraint,
             on_prompt=on_prompt,
+            context_shift=context_shift,
+            keep=keep,
             **spec,
             **sampling,
         ):

@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from llamacy.generation.shift import truncate_prompt
+
+__all__ = ["fit_messages", "reserve", "truncate_prompt"]
+
 T = TypeVar("T")
 
 
@@ -43,14 +47,3 @@ def fit_messages(
         if len(ids) <= room:
             break
     return best
-
-
-def truncate_prompt(ids: list[int], n_ctx: int, keep: int) -> list[int]:
-    """llama.cpp's rule for a prompt of n_ctx tokens or more: the first `keep` (-1: as many as can be), then
-    the prompt without whole blocks of (n_ctx - keep) / 2 tokens from after them; fewer than n_ctx tokens."""
-    if len(ids) < n_ctx:
-        return ids
-    keep = n_ctx // 2 if keep < 0 else min(keep, n_ctx // 2)
-    block = max(1, (n_ctx - keep) // 2)
-    erased = (len(ids) - keep - block) // block
-    return ids[:keep] + ids[keep + erased * block :]

@@ -120,3 +120,30 @@ def test_run_context_shift_flag(tmp_path):
                 "--context-shift", "--keep", "2", "-v")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "generated 80 tok" in r.stderr.decode()
+
+
+def test_scheduler_shifts_as_the_session_does(llm):
+    """A served reply that fills the context goes on (serve --context-shift) with the tokens `run
+    --context-shift` gives."""
+    from llamacy import Llama
+    from llamacy.sampling import SamplingParams
+    from llamacy.scheduler import GenerationRequest, Scheduler
+
+    prompt = llm.tokenize("hello there, how are you")
+    solo = Llama(llm.model_path, n_ctx=64, n_threads=1)
+    list(solo.generate_tokens(prompt, max_tokens=150, temperature=0, context_shift=True, keep=4))
+    assert solo.last.stats.context_shifts >= 2 and len(solo.last.tokens) == 150
+    with Scheduler(llm, n_parallel=2, n_ctx=64, n_threads=1) as sched:
+        req = GenerationRequest(prompt, SamplingParams(temperature=0), max_tokens=150, shift_keep=4)
+        other = sched.submit(GenerationRequest(prompt[:5], SamplingParams(temperature=0), max_tokens=40))
+        done = sched.submit(req).result(timeout=120)
+        other.result(timeout=120)
+    assert done.tokens == solo.last.tokens and done.finish_reason == "length"
+    assert done.usage.prompt_tokens == len(prompt)
+    with (
+        running_server(llm, parallel=1, context_shift=True, keep=4) as (srv, _),
+        httpx.Client(base_url=srv.url, timeout=60) as c,
+    ):
+        body = {"prompt": prompt, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+        r = c.post("/v1/completions", json=body)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 300, r.text

@@ -16,7 +16,7 @@ from llamacy.generation.speculate import ModelDrafter, NgramDrafter, same_vocabu
 from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler
 from llamacy.scheduler.apply import cancelled_in_queue, final_event, verify
-from llamacy.scheduler.plan import Running, plan_step
+from llamacy.scheduler.plan import Running, plan_step, shift_context
 from llamacy.scheduler.requests import (
     MAX_LOGPROBS,
     Event,
@@ -333,6 +333,9 @@ class Scheduler:
     def _step(self) -> None:
         """One batch: plan it, evaluate it, apply its results."""
         kv = self.model.kv
+        for s in self._active.values():
+            if s.handle.request.shift_keep is not None and not s.prefilling:
+                shift_context(s, kv)
         plan = plan_step(self._active.values(), kv, self.prefill_chunk, self._solo_chunk)
         try:
             logits = self.model.eval_batch(*plan.arrays())

@@ -122,6 +122,7 @@ def build_request(
     max_tokens: int | None,
     logprobs: int | None = None,
     chat: bool = False,
+    shift_keep: int | None = None,
 ) -> GenerationRequest:
     stop_ids = set(served.scheduler.eog_ids)
     stop = f.stop_list()
@@ -132,13 +133,15 @@ def build_request(
     return GenerationRequest(
         prompt=prompt,
         params=sampling_params(f),
-        max_tokens=max_tokens,
         stop=stop,
         stop_ids=frozenset(stop_ids),
         ignore_eos=f.ignore_eos,
         logprobs=logprobs,
         speculate=_speculation(f, served),
         slot=f.slot(),
+        shift_keep=shift_keep,
+        # A reply that shifts the context could go on for ever: one context's worth unless told.
+        max_tokens=max_tokens if max_tokens is not None or shift_keep is None else served.scheduler.n_ctx,
     )
 
 

@@ -193,7 +193,7 @@ async def completions(request: Request) -> Response:
         ids = truncate_prompt(ids, served.scheduler.n_ctx, settings.keep)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     structured = await structured_for(served, body, chat=False)
-    req = gen.build_request(served, body, ids, max_tokens, body.logprobs)
+    req = gen.build_request(served, body, ids, max_tokens, body.logprobs, shift_keep=_shift_keep(request))
     requests = gen.choices(req, body.choices())
     await attach_constraints(served, structured, requests)
     call = await gen.start(served, requests)
@@ -211,7 +211,9 @@ async def chat_completions(request: Request) -> Response:
     shift = state_of(request).settings.context_shift
     ids = await gen.encode_chat(served, messages_of(body), structured, shift=shift)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    req = gen.build_request(served, body, ids, body.token_limit(), logprobs, chat=True)
+    req = gen.build_request(
+        served, body, ids, body.token_limit(), logprobs, chat=True, shift_keep=_shift_keep(request)
+    )
     requests = gen.choices(req, body.choices())
     await attach_constraints(served, structured, requests)
     call = await gen.start(served, requests)
@@ -220,6 +222,12 @@ async def chat_completions(request: Request) -> Response:
 
 
 # ---- shared ------------------------------------------------------------------------------------------
+
+
+def _shift_keep(request: Request) -> int | None:
+    """serve --context-shift: a reply that fills the context keeps the first --keep tokens and goes on."""
+    settings = state_of(request).settings
+    return settings.keep if settings.context_shift else None
 
 
 def _sse(obj: Any) -> str:

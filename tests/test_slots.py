@@ -99,3 +99,10 @@ def test_slot_names_cannot_leave_the_directory(llm, tmp_path):
         assert c.post("/v1/completions", json={"prompt": "hi", "id_slot": 3}).status_code == 400
     with running_server(llm, parallel=1) as (srv, _), httpx.Client(base_url=srv.url, timeout=30) as c:
         assert c.post("/slots/0?action=save", json={"filename": "a.bin"}).status_code == 501
+
+
+def test_serve_refuses_a_slot_save_path_that_is_not_a_directory(tmp_path):
+    from tests.test_cli import assert_one_line_error, llamacy
+
+    r = llamacy("serve", "--slot-save-path", str(tmp_path / "nowhere"), "--port", "0")
+    assert_one_line_error(r, 2, "is not a directory")

@@ -184,6 +184,34 @@ class ChatSession:
             raise UsageError(f"{path} is not a JSON conversation: {e}") from None
         self.load_messages(check_messages(data, str(path)))
 
+    def save_session(self, path: str | Path) -> int:
+        """Save the conversation and its memory (llamacy/model/memory_file.py) to one file, so that
+        load_session in another process continues it evaluating only the new turn."""
+        extra = {"messages": self.messages, "ids": self._ids, "text": self._text}
+        return self.llm.save_memory(path, extra=extra)
+
+    def load_session(self, path: str | Path) -> None:
+        """Continue a conversation saved with save_session: its messages, and its memory in the cache. A file
+        of another model or KV type, or a damaged one, is refused (MemoryFileError) and nothing changes."""
+        from llamacy.model.memory_file import MemoryFileError, read_memory_header
+
+        extra = read_memory_header(path).get("extra")
+        if not isinstance(extra, dict):
+            raise MemoryFileError(f"{path}: not a chat session file (no conversation)")
+        messages = check_messages(extra.get("messages"), str(path))
+        ids, text = extra.get("ids"), extra.get("text")
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            raise MemoryFileError(f"{path}: not a chat session file (no conversation ids)")
+        saved = (self.history, self.system)
+        self.load_messages(messages)
+        try:
+            self.llm.load_memory(path)
+        except BaseException:
+            self.history, self.system = saved
+            raise
+        self._ids = ids
+        self._text = text if isinstance(text, str) else None
+
     # ---- a turn -----------------------------------------------------------------------------------------
     def reserve(self) -> int:
         """Room kept for a reply when deciding what history fits."""

@@ -158,6 +158,22 @@ class Llama:
         if self._session is not None:
             self._session.model.kv.clear()
 
+    # ---- memory files (llamacy/model/memory_file.py) ------------------------------------------------------
+    def save_memory(self, path: str | PathLike, extra: dict | None = None) -> int:
+        """Save the conversation held in the cache (tokens and rows) to a file; return its size. extra: JSON
+        to keep with it (load_memory returns it)."""
+        from llamacy.model.memory_file import model_identity, save_memory
+
+        return save_memory(path, self.model.kv, 0, model_identity(self.gguf), self.config.arch, extra=extra)
+
+    def load_memory(self, path: str | PathLike) -> Any:
+        """Replace the cached conversation with a file's (MemoryFileError, one line and nothing changed, for a
+        file of another model, KV type or version, or a truncated or corrupt one); the next generation
+        reuses it as far as its prompt starts with the file's tokens. Returns the memory_file.MemoryFile."""
+        from llamacy.model.memory_file import load_memory, model_identity
+
+        return load_memory(path, self.model.kv, 0, model_identity(self.gguf), self.config.arch)
+
     # ---- generation -----------------------------------------------------------------------------------
     def generate_tokens(
         self,
@@ -171,6 +187,9 @@ class Llama:
         draft_max: int | None = None,
         ngram: int | None = None,
         draft_model: str | PathLike | None = None,
+        on_prompt: Any = None,
+        context_shift: bool = False,
+        keep: int = 0,
         **sampling: Any,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated; the piece is "" while a character or stop string
@@ -181,7 +200,10 @@ class Llama:
         up to draft_max tokens per step by prompt lookup (n-grams up to `ngram` long) and verifies them in
         one batched step: greedy output is identical, sampled output keeps its distribution.
         speculate="draft" drafts with draft_model instead (a path or name; a smaller model with the same
-        vocabulary, loaded on first use and kept)."""
+        vocabulary, loaded on first use and kept). on_prompt(ids): called once the prompt is evaluated (the
+        memory then holds exactly it: save_memory saves a prompt cache). context_shift: a prompt longer than
+        the context is fitted and a full context drops the older half after the first `keep` tokens
+        (llamacy/generation/shift.py) instead of ending the generation."""
         params = sampling_params(sampling)
         spec = speculation(speculate, draft_max, ngram, draft_model)
         drafter_model = self._draft_model(spec.draft_model) if spec is not None and spec.draft_model else None
@@ -202,6 +224,8 @@ class Llama:
             constraint=constraint,
             speculate=spec,
             draft_model=drafter_model,
+            on_prompt=on_prompt,
+            shift_keep=keep if context_shift else None,
         )
 
     def _draft_model(self, name: str) -> Model:

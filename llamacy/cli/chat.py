@@ -167,6 +167,7 @@ class ChatUI:
         self.errors = 0
         self.replies = 0
         self._history_file: Path | None = None
+        self.session_file: Path | None = None  # --session: saved after each turn
 
     # ---- output -------------------------------------------------------------------------------------------
     def note(self, text: str) -> None:
@@ -314,9 +315,20 @@ class ChatUI:
             return
         finally:
             pieces.close()  # records the turn, also when interrupted
+            self.save_session()
         stream.end()
         if self.interactive:
             self.status(turn)
+
+    def save_session(self) -> None:
+        from llamacy.errors import LlamacyError
+
+        if self.session_file is None:
+            return
+        try:
+            self.session.save_session(self.session_file)
+        except (LlamacyError, OSError) as e:
+            self.error(f"cannot save the session to {self.session_file}: {getattr(e, 'strerror', None) or e}")
 
     def status(self, turn: Any) -> None:
         s = self.session
@@ -431,6 +443,11 @@ def chat(
     threads: int = opt.THREADS,
     spec: dict[str, Any] = opt.SPECULATION,
     sampling: dict[str, Any] = opt.SAMPLING,
+    session_file: Path = typer.Option(
+        None,
+        "--session",
+        help="Keep the conversation and its memory in this file: resumed at start, saved after each turn.",
+    ),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
     interactive = sys.stdin.isatty()
@@ -452,6 +469,11 @@ def chat(
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=chat_template)
     session = ChatSession(llm, template, system=system, max_tokens=predict, **spec, **sampling)
     ui = ChatUI(session, interactive=interactive, markdown=markdown)
+    if session_file is not None:
+        if session_file.exists():
+            session.load_session(session_file)  # a mismatched or damaged file fails in one line
+            ui.note(f"(resumed {len(session.messages)} messages from {session_file})")
+        ui.session_file = session_file
     if interactive:
         ui.note(f"{llm.model_path.name} · context {llm.n_ctx} tokens · {template.describe()}")
         ui.note("/help for commands · Ctrl-D to quit · end a line with \\ to write more lines")

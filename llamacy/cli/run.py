@@ -60,6 +60,18 @@ def run(
     grammar: str = typer.Option(
         None, "--grammar", help="Output that a GBNF grammar file (root rule `root`) accepts."
     ),
+    context_shift: bool = typer.Option(
+        False,
+        "--context-shift",
+        help="When the context is full, drop the older half after the first --keep tokens and go on.",
+    ),
+    keep: int = typer.Option(0, "--keep", help="With --context-shift: the prompt's first tokens to keep."),
+    prompt_cache: Path = typer.Option(
+        None,
+        "--prompt-cache",
+        help="Keep the evaluated prompt's memory in this file: a later run whose prompt starts the same way "
+        "evaluates only the rest.",
+    ),
 ) -> None:
     opt.check_counts(threads, ctx_size, predict)
     from llamacy.structured.grammar import cli_grammar
@@ -71,11 +83,20 @@ def run(
     from llamacy.engine import Llama
 
     llm = Llama(model, n_ctx=ctx_size, n_threads=threads, profile=profile, kv_type=kv_type)
+    on_prompt = _prompt_cache(llm, prompt_cache) if prompt_cache is not None else None
     out = CompletionWriter(echo=echo)
     out.prompt(text)
     try:
         for piece in llm.generate(
-            text, max_tokens=predict, stop=stop or (), grammar=constraint, **spec, **sampling
+            text,
+            max_tokens=predict,
+            stop=stop or (),
+            grammar=constraint,
+            on_prompt=on_prompt,
+            context_shift=context_shift,
+            keep=keep,
+            **spec,
+            **sampling,
         ):
             out.write(piece)
     except KeyboardInterrupt:
@@ -86,3 +107,15 @@ def run(
         print_stats(llm)
     if profile and llm.last is not None:
         print_profile(llm.last.stats)
+
+
+def _prompt_cache(llm: Any, path: Path) -> Any:
+    """Load the prompt cache if there is one (a mismatched or damaged file fails in one line); return the
+    callback that saves the evaluated prompt when it differs from what the file held."""
+    saved: list[int] = llm.load_memory(path).tokens if path.exists() else []
+
+    def save(ids: list[int]) -> None:
+        if ids != saved:
+            llm.save_memory(path)
+
+    return save

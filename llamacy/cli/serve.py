@@ -103,6 +103,22 @@ def serve(
         help='A smaller model with the same vocabulary that drafts for requests with speculate: "draft" '
         "(greedy answers are those of plain decoding; sampled ones keep their distribution).",
     ),
+    context_shift: bool = typer.Option(
+        False,
+        "--context-shift",
+        help="Fit a prompt longer than the context instead of refusing it: a conversation drops its oldest "
+        "turns (never the system prompt), a plain prompt keeps its first --keep tokens and its end.",
+    ),
+    keep: int = typer.Option(
+        0,
+        "--keep",
+        help="With --context-shift: a plain prompt's first tokens to keep (-1: half the context).",
+    ),
+    slot_save_path: Path = typer.Option(
+        None,
+        "--slot-save-path",
+        help="A directory for POST /slots/{id}?action=save|restore (llama-server's): slots' memory in files.",
+    ),
 ) -> None:
     from llamacy.errors import UsageError, require_range
 
@@ -120,6 +136,7 @@ def serve(
     require_range("--parallel", parallel, 1, 256)
     require_range("--queue-size", queue_size, 1)
     require_range("--job-ttl", job_ttl, 0)
+    require_range("--keep", keep, -1)
     require_range("--idle-unload", idle_unload, 0)
     budget = parse_size(max_memory) if max_memory is not None else None
     sources = list(models or []) + (read_models_file(models_file) if models_file else [])
@@ -150,7 +167,15 @@ def serve(
             )
         specs.append(ModelSpec(name, source, footprint))
 
-    settings = ServerSettings(api_key=api_key or None, job_ttl_s=job_ttl)
+    if slot_save_path is not None and not slot_save_path.is_dir():
+        raise UsageError(f"--slot-save-path {slot_save_path} is not a directory")
+    settings = ServerSettings(
+        api_key=api_key or None,
+        job_ttl_s=job_ttl,
+        slot_save_path=str(slot_save_path) if slot_save_path is not None else None,
+        context_shift=context_shift,
+        keep=keep,
+    )
     if ray_address is not None:
         from llamacy.distributed.ray_serve import ReplicaPlan, serve_on_ray
 

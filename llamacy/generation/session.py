@@ -12,11 +12,12 @@ its new tokens). The steps after the prompt are the scheduler's: see steps.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from llamacy.errors import UsageError
+from llamacy.generation.shift import shifted, truncate_prompt
 from llamacy.generation.speculate import ModelDrafter, NgramDrafter, Speculation
 from llamacy.generation.steps import SequenceState, check_prompt, verified_steps
 from llamacy.sampling import Sampler, SamplingParams
@@ -33,6 +34,7 @@ class Stats:
     first_token_s: float = 0.0  # from the call to the first generated token
     draft_tokens: int = 0  # speculative decoding: tokens drafted, and of those, accepted
     draft_accepted: int = 0
+    context_shifts: int = 0  # times a full context dropped its older half (shift_keep)
     profile: dict[str, float] = field(default_factory=dict)  # seconds per stage, with profiling on
 
     @property
@@ -75,16 +77,23 @@ class Session:
         constraint: Any = None,
         speculate: Speculation | None = None,
         draft_model: Any = None,
+        on_prompt: Callable[[list[int]], None] | None = None,
+        shift_keep: int | None = None,
     ) -> Iterator[tuple[int, str]]:
         """Yield (token id, text piece) as generated, then (-1, text held back to the end) if any. The piece
         is "" while a character or stop string is incomplete. self.last grows as it goes. `constraint` (a
         llamacy.structured.Constraint) confines the output to its grammar. `speculate` drafts tokens and
         verifies them in one batched step; the output is distributed as without it (greedy: identical).
-        draft_model: the Model (one sequence) that drafts when speculate.mode is "draft"."""
+        draft_model: the Model (one sequence) that drafts when speculate.mode is "draft". on_prompt(ids) is
+        called once the prompt is evaluated, while the memory holds exactly it (a prompt cache saves it).
+        shift_keep: context shift (shift.py) with the first shift_keep tokens kept: a prompt too long is
+        fitted, and a full context drops the older half of what follows them and goes on; None: off."""
         t0 = time.perf_counter()
         model = self.model
         kv = model.kv
         ids = list(ids)
+        if shift_keep is not None:
+            ids = truncate_prompt(ids, self.n_ctx, shift_keep)
         check_prompt(ids, self.n_ctx, model.cfg.n_vocab, self.n_ctx_train)
         done = Completion(stats=Stats(load_s=load_s, prompt_tokens=len(ids)))
         self.last = done
@@ -109,12 +118,16 @@ class Session:
         rows = model.eval(ids[keep:], logits="last")[None, :]
         t_gen = time.perf_counter()
         st.prompt_s = t_gen - t0
+        if on_prompt is not None:
+            on_prompt(ids)
         draft: list[int] = []
+        # With context shift the context never counts as full: _shift makes room before it would be.
+        n_ctx = self.n_ctx if shift_keep is None else 1 << 62
         while True:
             cached = kv.length(0) - len(draft)  # the cache as plain decoding would hold it at rows[0]
             n_steps = 0
             probs = drafter.probs if drafter is not None else ()
-            for step in verified_steps(state, rows, draft, cached, self.n_ctx, probs):
+            for step in verified_steps(state, rows, draft, cached, n_ctx, probs):
                 n_steps += 1
                 if not done.tokens:
                     st.first_token_s = time.perf_counter() - t0
@@ -137,6 +150,9 @@ class Session:
             if drafter is not None:
                 drafter.feedback(len(draft), accepted)
             pending = [step.token, *step.forced]
+            if shift_keep is not None and kv.length(0) + len(pending) > self.n_ctx:
+                self._shift(shift_keep, len(pending))
+                st.context_shifts += 1
             draft = self._draft(drafter, state, kv.length(0) + len(pending), max_tokens)
             st.draft_tokens += len(draft)
             # With drafts, the logits of the last pending token and of every draft; else of the last token.
@@ -155,6 +171,16 @@ class Session:
             st.profile["sampling"] = state.t_sample
             st.profile["detokenizing"] = state.t_detok
             st.profile["python and other"] = max(0.0, time.perf_counter() - t0 - sum(st.profile.values()))
+
+    def _shift(self, keep: int, pending: int) -> None:
+        """Make room for `pending` tokens: keep the first `keep` tokens and the newer half of the rest, and
+        evaluate the kept ones after `keep` again at their new positions (exact for every layer kind)."""
+        kv = self.model.kv
+        new = shifted(kv.tokens[0], keep)
+        while len(new) + pending > self.n_ctx:
+            new = shifted(new, keep)
+        start = kv.reuse_prefix(0, new)  # the first keep (0 if a window's rows are gone)
+        self.model.eval(new[start:], logits="last")
 
     @staticmethod
     def _drafter(

@@ -23,7 +23,9 @@ def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
     cached = kv.length(s.slot) - len(s.draft)
     n_steps = n_tokens = 0
     probs = s.drafter.probs if s.drafter is not None else ()  # a model draft's distributions
-    for step in verified_steps(s.state, rows, s.draft, cached, kv.n_ctx, probs):
+    # A sequence that shifts its context never finds it full (the scheduler makes room before it would be).
+    n_ctx = kv.n_ctx if s.handle.request.shift_keep is None else 1 << 62
+    for step in verified_steps(s.state, rows, s.draft, cached, n_ctx, probs):
         deliver(s, step)
         n_steps += 1
         n_tokens += 0 if step.token is None else 1 + len(step.forced)
@@ -70,7 +72,7 @@ def final_event(s: Running, reason: str) -> Done:
     t_first = s.t_first or now
     prompt_s = t_first - s.t_start
     predict_s = now - t_first
-    n_eval = len(s.prompt) - s.cached
+    n_eval = s.n_prompt - s.cached
     n_gen = len(s.state.tokens)
     timings = Timings(
         queue_ms=(s.t_start - h.t_created) * 1000,
@@ -80,7 +82,7 @@ def final_event(s: Running, reason: str) -> Done:
         prompt_tokens_per_second=n_eval / prompt_s if prompt_s > 0 else 0.0,
         tokens_per_second=n_gen / predict_s if predict_s > 0 else 0.0,
     )
-    usage = Usage(len(s.prompt), n_gen, s.cached)
+    usage = Usage(s.n_prompt, n_gen, s.cached)
     return Done(reason, "".join(s.state.text), s.state.tokens, usage, timings, h.seed, s.state.stops.matched)
 
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from llamacy.errors import UsageError, require_range
@@ -15,7 +16,7 @@ from llamacy.generation.speculate import ModelDrafter, NgramDrafter, same_vocabu
 from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler
 from llamacy.scheduler.apply import cancelled_in_queue, final_event, verify
-from llamacy.scheduler.plan import Running, plan_step
+from llamacy.scheduler.plan import Running, plan_step, shift_context
 from llamacy.scheduler.requests import (
     MAX_LOGPROBS,
     Event,
@@ -65,6 +66,7 @@ class Scheduler:
         self.queue_size = queue_size
         self.prefill_chunk = prefill_chunk
         self.tokenizer = llm.tokenizer
+        self.gguf, self.arch = llm.gguf, llm.config.arch  # a slot file names its model (memory_file.py)
         self.n_vocab = llm.n_vocab
         self.eog_ids = frozenset(llm.tokenizer.eot_ids)
         # Our own Model over llm's bound weights: a KV cache laid out for n_parallel sequences, and scratch
@@ -82,6 +84,8 @@ class Scheduler:
 
         self._cond = threading.Condition()
         self._pending: deque[tuple[Handle, Sampler]] = deque()  # guarded by _cond
+        # Work on one slot's memory (save, restore, erase), run on this thread while the slot is free.
+        self._tasks: deque[tuple[int, Callable, Future]] = deque()  # guarded by _cond
         self._closing = False  # guarded by _cond
         self._thread: threading.Thread | None = None
         # Owned by the scheduler thread.
@@ -130,6 +134,8 @@ class Scheduler:
             require_range("max_tokens", request.max_tokens, 0)
         if request.logprobs is not None:
             require_range("logprobs", request.logprobs, 0, MAX_LOGPROBS)
+        if request.slot is not None:
+            require_range("id_slot", request.slot, 0, self.n_parallel - 1)
         # Built now so that bad sampling options fail here and the seed is known from the start.
         spec = request.speculate
         if spec is not None and spec.mode == "draft" and self.draft_model is None:
@@ -155,6 +161,34 @@ class Scheduler:
             thread.join(timeout)
         else:  # never started: fail whatever was queued
             self._fail_all("the server is shutting down")
+
+    def on_slot(self, slot: int, work: Callable) -> Future:
+        """Run work(memory, slot) on the scheduler thread as soon as the slot is free (llama-server defers a
+        slot action on a busy slot the same way); the Future has its result or its exception."""
+        require_range("id_slot", slot, 0, self.n_parallel - 1)
+        done: Future = Future()
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosed("the scheduler is shut down")
+            self._tasks.append((slot, work, done))
+            self._cond.notify()
+        return done
+
+    def slots(self) -> list[dict]:
+        """Each slot as GET /slots shows it (read from another thread: a recent view)."""
+        kv = self.model.kv
+        active = dict(self._active)
+        return [
+            {
+                "id": i,
+                "id_task": -1 if i not in active else active[i].handle.id,
+                "n_ctx": self.n_ctx,
+                "speculative": False,
+                "is_processing": i in active,
+                "n_tokens": kv.length(i),
+            }
+            for i in range(self.n_parallel)
+        ]
 
     def add_step_hook(self, hook: Callable[[], None]) -> None:
         """Call hook() on the scheduler thread after each step's events have gone to their listeners (and
@@ -187,10 +221,16 @@ class Scheduler:
             while True:
                 with self._cond:
                     # Sleep while there is nothing to do: no busy-waiting when idle.
-                    while not self._closing and not self._pending and not self._active:
+                    while not self._closing and not self._pending and not self._active and not self._tasks:
                         self._cond.wait()
                     if self._closing:
                         break
+                    tasks = [t for t in self._tasks if t[0] not in self._active]
+                    for t in tasks:
+                        self._tasks.remove(t)
+                for slot, work, done in tasks:
+                    self._run_task(slot, work, done)
+                with self._cond:
                     admitted = self._admit_locked()
                 for seq in admitted:
                     self._active[seq.slot] = seq
@@ -207,15 +247,33 @@ class Scheduler:
         finally:
             self._fail_all("the server is shutting down")
 
+    def _run_task(self, slot: int, work: Callable, done: Future) -> None:
+        if not done.set_running_or_notify_cancel():
+            return
+        try:
+            result = work(self.model.kv, slot)
+        except BaseException as e:
+            done.set_exception(e)
+        else:
+            done.set_result(result)
+        self._last_used[slot] = time.perf_counter()  # a restored slot is the last one to reuse
+
     def _admit_locked(self) -> list[Running]:
-        """Give free slots to waiting requests, oldest first (called with _cond held)."""
+        """Give free slots to waiting requests, oldest first (called with _cond held). A request pinned to
+        a slot that is busy, or has work queued on it, waits in its place."""
         admitted = []
+        waiting: list[tuple[Handle, Sampler]] = []
         while self._pending and self._free:
             handle, sampler = self._pending.popleft()
             if handle.cancelled:
                 self._finish_unstarted(handle)
                 continue
+            pin = handle.request.slot
+            if pin is not None and (pin not in self._free or any(t[0] == pin for t in self._tasks)):
+                waiting.append((handle, sampler))
+                continue
             admitted.append(self._start(handle, sampler))
+        self._pending.extendleft(reversed(waiting))
         # Requests cancelled while waiting leave the queue now rather than when a slot frees up.
         if any(h.cancelled for h, _ in self._pending):
             for entry in [e for e in self._pending if e[0].cancelled]:
@@ -229,7 +287,11 @@ class Scheduler:
         kv = self.model.kv
         # The free slot sharing the longest prefix with the prompt; else the least recently used one, so
         # that recent conversations keep their cache longest.
-        slot = max(self._free, key=lambda s: (kv.common_prefix(s, prompt), -self._last_used[s]))
+        slot = (
+            req.slot
+            if req.slot is not None
+            else max(self._free, key=lambda s: (kv.common_prefix(s, prompt), -self._last_used[s]))
+        )
         self._free.remove(slot)
         keep = kv.reuse_prefix(slot, prompt)
         handle.started_at = time.time()
@@ -271,6 +333,9 @@ class Scheduler:
     def _step(self) -> None:
         """One batch: plan it, evaluate it, apply its results."""
         kv = self.model.kv
+        for s in self._active.values():
+            if s.handle.request.shift_keep is not None and not s.prefilling:
+                shift_context(s, kv)
         plan = plan_step(self._active.values(), kv, self.prefill_chunk, self._solo_chunk)
         try:
             logits = self.model.eval_batch(*plan.arrays())
@@ -333,4 +398,9 @@ class Scheduler:
             pending, self._pending = list(self._pending), deque()
         for h, _ in pending:
             h._emit(Failed(message, shutdown=True))
+        with self._cond:
+            tasks, self._tasks = list(self._tasks), deque()
+        for _, _, done in tasks:
+            if done.set_running_or_notify_cancel():
+                done.set_exception(SchedulerClosed(message))
         self._run_step_hooks()

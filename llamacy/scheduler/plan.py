@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamacy.generation import SequenceState, TokenLogprob
+from llamacy.generation.shift import shifted
 from llamacy.generation.speculate import ModelDrafter, NgramDrafter
 from llamacy.model.memory import Memory
 from llamacy.scheduler.requests import Handle
@@ -35,7 +36,8 @@ class Running:
     ) -> None:
         self.handle = handle
         self.slot = slot
-        self.prompt = handle.request.prompt
+        self.prompt = handle.request.prompt  # after a context shift: the kept tokens, evaluated again
+        self.n_prompt = len(self.prompt)  # the request's prompt tokens (usage)
         self.cached = cached  # prompt tokens reused from the slot's cache
         self.n_prompt_done = cached  # prompt tokens whose K/V are in the cache
         self.state = state
@@ -47,6 +49,7 @@ class Running:
         self.unsent_lp: list[TokenLogprob] = []
         self.t_start = time.perf_counter()
         self.t_first: float | None = None  # when the prompt was done
+        self.shifts = 0  # context shifts (shift_context)
 
     @property
     def prefilling(self) -> bool:
@@ -125,6 +128,23 @@ def plan_step(active: Iterable[Running], kv: Memory, prefill_chunk: int, solo_ch
             plan.owners.append(s)
             plan.n_rows.append(1)
     return plan
+
+
+def shift_context(s: Running, kv: Memory) -> None:
+    """When s's pending tokens no longer fit its context: keep its first shift_keep tokens and the newer
+    half of the rest (shift.py), and make s prefill the kept tokens after those the memory can go back to,
+    then its pending tokens, whose logits sample the next token as a prompt's last ones do."""
+    pending = [s.next_token, *s.next_forced]
+    if kv.length(s.slot) + len(pending) <= kv.n_ctx:
+        return
+    keep = s.handle.request.shift_keep
+    new = shifted(kv.tokens[s.slot], keep)
+    while len(new) + len(pending) > kv.n_ctx:
+        new = shifted(new, keep)
+    s.n_prompt_done = kv.reuse_prefix(s.slot, new)
+    s.prompt = new + pending  # type: ignore[operator]
+    s.next_token, s.next_forced = None, ()
+    s.shifts += 1
 
 
 def draft_for(s: Running, length: int, n_ctx: int, max_rollback: int | None = None) -> list[int]:

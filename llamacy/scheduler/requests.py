@@ -48,6 +48,12 @@ class GenerationRequest:
     # A llamacy.generation.speculate.Speculation: this sequence drafts tokens by prompt lookup and verifies
     # them in the step's batch (ignored under a constraint). Other sequences' results are unchanged.
     speculate: Any = None
+    # The slot (sequence) to run in, llama-server's id_slot: a restored slot is continued by the request
+    # that names it (it waits for the slot if it is busy). None: the scheduler picks one.
+    slot: int | None = None
+    # Context shift (llamacy/generation/shift.py): when the sequence fills its context, keep its first
+    # shift_keep tokens and the newer half of the rest, evaluate the kept ones again and go on. None: off.
+    shift_keep: int | None = None
 
 
 @dataclass

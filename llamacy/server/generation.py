@@ -15,6 +15,7 @@ from llamacy.errors import LlamacyError
 from llamacy.generation.speculate import Speculation, speculation
 from llamacy.sampling import MAX_SEED, SamplingParams
 from llamacy.scheduler import Done, Event, Failed, GenerationRequest, Handle, TokenLogprob
+from llamacy.server.context_shift import fit_messages
 from llamacy.server.errors import APIError, from_engine_error
 from llamacy.server.mailbox import EventBridge
 from llamacy.server.mailbox import LoopMailbox as LoopMailbox  # re-exported: tests/test_scheduler.py uses it
@@ -82,10 +83,12 @@ async def encode_chat(
     messages: list[dict[str, Any]],
     structured: StructuredRequest | None = None,
     prefill: str = "",
+    shift: bool = False,
 ) -> list[int]:
     """Token ids of the messages through the chat template, ending where the assistant's reply begins;
     `structured`: tools offered, earlier calls and their results; `prefill`: the start of that reply,
-    which generation continues (Anthropic's final assistant turn)."""
+    which generation continues (Anthropic's final assistant turn); `shift`: drop the oldest turns of a
+    conversation longer than the context rather than refuse it."""
     tpl = served.template
     if tpl is None:
         raise APIError(
@@ -94,12 +97,17 @@ async def encode_chat(
             "no_chat_template",
         )
 
-    def render() -> list[int]:
+    def encode(kept: list[dict[str, Any]]) -> tuple[None, list[int]]:
         if structured is not None:
-            text = structured.render(tpl, messages, add_generation_prompt=True)
+            text = structured.render(tpl, kept, add_generation_prompt=True)
         else:
-            text = tpl.render(messages, add_generation_prompt=True)
-        return tpl.encode(text + prefill)
+            text = tpl.render(kept, add_generation_prompt=True)
+        return None, tpl.encode(text + prefill)
+
+    def render() -> list[int]:
+        if shift:  # serve --context-shift: the oldest turns go rather than the request (context_shift.py)
+            return fit_messages(messages, encode, served.scheduler.n_ctx)[2]
+        return encode(messages)[1]
 
     try:
         return await run_in_threadpool(render)
@@ -114,6 +122,7 @@ def build_request(
     max_tokens: int | None,
     logprobs: int | None = None,
     chat: bool = False,
+    shift_keep: int | None = None,
 ) -> GenerationRequest:
     stop_ids = set(served.scheduler.eog_ids)
     stop = f.stop_list()
@@ -124,12 +133,15 @@ def build_request(
     return GenerationRequest(
         prompt=prompt,
         params=sampling_params(f),
-        max_tokens=max_tokens,
         stop=stop,
         stop_ids=frozenset(stop_ids),
         ignore_eos=f.ignore_eos,
         logprobs=logprobs,
         speculate=_speculation(f, served),
+        slot=f.slot(),
+        shift_keep=shift_keep,
+        # A reply that shifts the context could go on for ever: one context's worth unless told.
+        max_tokens=max_tokens if max_tokens is not None or shift_keep is None else served.scheduler.n_ctx,
     )
 
 

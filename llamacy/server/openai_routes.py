@@ -23,6 +23,7 @@ import llamacy.server.generation as gen
 from llamacy.openai_shapes import ChatChoices, completion_choice
 from llamacy.scheduler import Done, Failed, Piece, TokenLogprob
 from llamacy.server.answer import Encoder, answer
+from llamacy.server.context_shift import truncate_prompt
 from llamacy.server.errors import error_body
 from llamacy.server.models import ServedModel
 from llamacy.server.schemas import ChatRequest, CompletionRequest, parse
@@ -187,9 +188,12 @@ async def completions(request: Request) -> Response:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a list of one prompt
     ids = await gen.encode_text(served, prompt) if isinstance(prompt, str) else list(prompt)
+    settings = state_of(request).settings
+    if settings.context_shift:  # the first --keep tokens and the end of the prompt (context_shift.py)
+        ids = truncate_prompt(ids, served.scheduler.n_ctx, settings.keep)
     max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
     structured = await structured_for(served, body, chat=False)
-    req = gen.build_request(served, body, ids, max_tokens, body.logprobs)
+    req = gen.build_request(served, body, ids, max_tokens, body.logprobs, shift_keep=_shift_keep(request))
     requests = gen.choices(req, body.choices())
     await attach_constraints(served, structured, requests)
     call = await gen.start(served, requests)
@@ -204,9 +208,12 @@ async def chat_completions(request: Request) -> Response:
     body = parse(ChatRequest, await request.body())
     served = await state_of(request).models.acquire(body.model)
     structured = await structured_for(served, body, chat=True)
-    ids = await gen.encode_chat(served, messages_of(body), structured)
+    shift = state_of(request).settings.context_shift
+    ids = await gen.encode_chat(served, messages_of(body), structured, shift=shift)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    req = gen.build_request(served, body, ids, body.token_limit(), logprobs, chat=True)
+    req = gen.build_request(
+        served, body, ids, body.token_limit(), logprobs, chat=True, shift_keep=_shift_keep(request)
+    )
     requests = gen.choices(req, body.choices())
     await attach_constraints(served, structured, requests)
     call = await gen.start(served, requests)
@@ -215,6 +222,12 @@ async def chat_completions(request: Request) -> Response:
 
 
 # ---- shared ------------------------------------------------------------------------------------------
+
+
+def _shift_keep(request: Request) -> int | None:
+    """serve --context-shift: a reply that fills the context keeps the first --keep tokens and goes on."""
+    settings = state_of(request).settings
+    return settings.keep if settings.context_shift else None
 
 
 def _sse(obj: Any) -> str:

@@ -20,6 +20,7 @@ import llamacy.server.generation as gen
 from llamacy.errors import LlamacyError
 from llamacy.scheduler import Done
 from llamacy.server.answer import answer
+from llamacy.server.context_shift import fit_messages, reserve
 from llamacy.server.errors import APIError
 from llamacy.server.models import ServedModel
 from llamacy.server.responses_schemas import ResponsesRequest, input_messages
@@ -57,7 +58,28 @@ async def _prompt(
         raise APIError(400, str(e), "invalid_value", "input") from None
 
 
-def _head(body: ResponsesRequest, served: ServedModel) -> dict[str, Any]:
+def _truncation(body: ResponsesRequest, state: Any) -> str:
+    """The request's truncation, or the server's default (--context-shift: "auto")."""
+    return body.truncation or ("auto" if state.settings.context_shift else "disabled")
+
+
+async def _fit(
+    served: ServedModel, structured: StructuredRequest, messages: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], str, list[int]]:
+    """truncation "auto": the messages without the oldest turns that do not fit (context_shift.py)."""
+    tpl = served.template
+
+    def encode(kept: list[dict[str, Any]]) -> tuple[str, list[int]]:
+        text = structured.render(tpl, kept, add_generation_prompt=True)
+        return text, tpl.encode(text)
+
+    try:
+        return await run_in_threadpool(fit_messages, messages, encode, served.scheduler.n_ctx)
+    except LlamacyError as e:
+        raise APIError(400, str(e), "invalid_value", "input") from None
+
+
+def _head(body: ResponsesRequest, served: ServedModel, truncation: str) -> dict[str, Any]:
     """The Response's fields that echo the request."""
     return {
         "id": new_id("resp"),
@@ -73,7 +95,7 @@ def _head(body: ResponsesRequest, served: ServedModel) -> dict[str, Any]:
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "text": {"format": body.text.format if body.text and body.text.format else {"type": "text"}},
-        "truncation": "disabled",
+        "truncation": truncation,
         "metadata": body.metadata or {},
         "store": body.store,
         "error": None,
@@ -142,6 +164,11 @@ async def create(request: Request) -> Response:
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     structured = await structured_request(served, chat=True, **fields)
     prompt_text, ids = await _prompt(served, structured, system + history, prev)
+    if _truncation(body, state) == "auto" and len(ids) > served.scheduler.n_ctx - reserve(
+        served.scheduler.n_ctx
+    ):
+        kept, prompt_text, ids = await _fit(served, structured, system + history)
+        history = kept[len(system) :]
     req = gen.build_request(served, body, ids, body.max_output_tokens, chat=True)
     await attach_constraints(served, structured, [req])
     call = await gen.start(served, [req])
@@ -151,7 +178,7 @@ async def create(request: Request) -> Response:
         if body.store:
             state.responses.put(final["id"], _stored(final, history, prompt_text, ids, done, stop_ids))
 
-    encoder = ResponsesEncoder(_head(body, served), structured, keep)
+    encoder = ResponsesEncoder(_head(body, served, _truncation(body, state)), structured, keep)
     return await answer(request, call, encoder, body.stream)
 
 

@@ -125,6 +125,7 @@ class ResponsesRequest(SamplingFields):
     text: TextConfig | None = None
     store: bool = True
     previous_response_id: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None  # "auto": drop the oldest turns that do not fit
     metadata: dict[str, str] | None = None
     background: bool | None = None
     conversation: Any = None

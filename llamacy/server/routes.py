@@ -17,6 +17,7 @@ from llamacy.server.ollama_routes import ROUTES as OLLAMA_ROUTES
 from llamacy.server.openai_embeddings import ROUTES as EMBEDDING_ROUTES
 from llamacy.server.openai_routes import ROUTES as OPENAI_ROUTES
 from llamacy.server.responses_routes import ROUTES as RESPONSES_ROUTES
+from llamacy.server.slot_routes import ROUTES as SLOT_ROUTES
 from llamacy.server.tokenize_routes import ROUTES as TOKENIZE_ROUTES
 
 ROUTES: list[BaseRoute] = [
@@ -28,6 +29,7 @@ ROUTES: list[BaseRoute] = [
     *OLLAMA_ROUTES,
     *ANTHROPIC_ROUTES,
     *JOB_ROUTES,
+    *SLOT_ROUTES,
 ]
 PUBLIC_PATHS: frozenset[str] = METRICS_PUBLIC_PATHS
 # Paths answering errors in another dialect's shape than OpenAI's (errors.render_error), by prefix.

@@ -51,6 +51,8 @@ class SamplingFields(_Strict):
     speculate: Literal["ngram", "draft", "none"] | None = None
     draft_max: int | None = None
     ngram: int | None = None
+    # llama-server's id_slot: run in this slot (e.g. one restored from a file); -1 or absent: any slot.
+    id_slot: Annotated[int, Field(ge=-1)] | None = None
 
     MULTIPLE_CHOICES: ClassVar[bool] = False  # whether the endpoint answers n > 1 choices
 
@@ -59,6 +61,13 @@ class SamplingFields(_Strict):
             raise APIError(
                 400, f"n={self.n} is not supported here: one answer per request", "unsupported", "n"
             )
+        if self.slot() is not None and self.n not in (None, 1):
+            raise APIError(
+                400, "id_slot names one slot: it cannot run n > 1 choices", "invalid_value", "id_slot"
+            )
+
+    def slot(self) -> int | None:
+        return None if self.id_slot in (None, -1) else self.id_slot
 
     def choices(self) -> int:
         return self.n or 1

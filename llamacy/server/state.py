@@ -30,6 +30,9 @@ class ServerSettings:
     replica_name: str | None = None  # one replica of several: named in each response's X-Llamacy-Replica
     response_ttl_s: float = DEFAULT_TTL_S  # stored Responses API responses: how long each is kept
     max_stored_responses: int = DEFAULT_MAX_ITEMS  # and how many at most (the oldest go first)
+    context_shift: bool = False  # --context-shift: fit prompts longer than the context (context_shift.py)
+    keep: int = 0  # --keep: a plain prompt's first tokens that a shift keeps (-1: as many as can be)
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/{id}?action=save|restore work
 
 
 @dataclass

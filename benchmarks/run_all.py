@@ -86,7 +86,9 @@ def main() -> None:
     ap.add_argument("--big-d", default="4096", help="depths for their tg tests (0 or empty: none)")
     ap.add_argument("--big-t", default="2", help="thread counts for the realistic models")
     ap.add_argument("--big-r", type=int, default=3, help="runs per test for the realistic models")
-    ap.add_argument("--big-only", default="", help="only realistic models whose label contains this")
+    ap.add_argument(
+        "--big-only", default="", help="only realistic models whose label contains one of these (comma list)"
+    )
     ap.add_argument("--no-big", action="store_true", help="skip the realistic models")
     ap.add_argument("--no-small", action="store_true", help="skip the known (small, real) models")
     ap.add_argument("--ref-bench", help="the native reference's llama-bench (default: $LLAMACY_REF_BENCH)")
@@ -123,7 +125,8 @@ def main() -> None:
     if not args.no_big:
         from make_models import built_models
 
-        big = [(label, p) for label, p in built_models() if args.big_only in label]
+        pick = [x for x in args.big_only.split(",") if x] or [""]
+        big = [(label, p) for label, p in built_models() if any(x in label for x in pick)]
         if not big:
             print("no realistic models: benchmarks/make_models.py builds them", file=sys.stderr)
         for label, path in big:

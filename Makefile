@@ -2,7 +2,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PROMPT ?= The capital of France is
 
-.PHONY: install model models build run test test-fast bench bench-server bench-peer lint format debug portable clean fuzz
+.PHONY: install model models bench-models build run test test-fast bench bench-server bench-peer lint format debug portable clean fuzz
 
 # Editable install: the Cython kernels are compiled in place. Redone only when the build inputs change
 # (a stamp under build/), so `make run` and `make test` start at once the second time. Running needs the
@@ -47,6 +47,11 @@ test-fast: build
 
 bench: install models
 	$(PYTHON) benchmarks/run_all.py
+
+# Random-weight GGUF files in real 1B-3B shapes (Llama-3.2-1B, Qwen2.5-1.5B, Qwen2.5-3B; Q4_K_M, Q4_0,
+# Q8_0) under ~/.cache/llamacy/bench-models, for `make bench` (~10 GB of disk, minutes of converting).
+bench-models: install
+	$(PYTHON) benchmarks/make_models.py
 
 # `llamacy serve --parallel 8` under 8 streaming clients against 1; with LLAMACY_REF_SERVER=/path/to/
 # llama-server (benchmarks/build_reference.sh) the reference engine's server beside it in the same run.

@@ -37,12 +37,21 @@ def find_bench(path: str | None) -> Path | None:
     return p
 
 
-def run_bench(binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int, reps: int) -> RefResult:
-    """One llama-bench test (pp<n_prompt> or tg<n_gen>, not both), CPU only, `reps` runs after its warm-up."""
+def run_bench(
+    binary: Path, model: Path, n_prompt: int, n_gen: int, threads: int, reps: int, n_depth: int = 0
+) -> RefResult:
+    """One llama-bench test (pp<n_prompt> or tg<n_gen>, not both), CPU only, `reps` runs after its warm-up;
+    n_depth: tokens already in the cache (its -d; it fills them once, untimed, and restores them per run)."""
     cmd = [str(binary), "-m", str(model), "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads)]
     cmd += ["-r", str(reps), "-ngl", "0", "-o", "json"]
+    if n_depth:
+        cmd += ["-d", str(n_depth)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rows = [r for r in json.loads(out) if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen]
+    rows = [
+        r
+        for r in json.loads(out)
+        if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen and int(r.get("n_depth", 0)) == n_depth
+    ]
     if len(rows) != 1:
         raise RuntimeError(f"llama-bench gave {len(rows)} results for pp{n_prompt}/tg{n_gen}: {cmd}")
     r = rows[0]

@@ -1,6 +1,10 @@
 """`make bench`: llamacy's pp/tg figures on the installed models, beside the reference engine's when present.
 
-Runs `llamacy bench` on the default model (and Gemma 3 270M when installed). Two peers, each optional:
+Runs `llamacy bench` on the default model (and Gemma 3 270M when installed), then on the realistic
+random-weight models that benchmarks/make_models.py has built (1B-3B shapes in Q4_K_M, Q4_0, Q8_0; skipped
+when none is built, --no-big to skip them): those run only --big-p/--big-n at --big-t threads, plus
+tg<--big-n> at depth --big-d (llama-bench's -d: the cache already holds that many tokens). Two peers, each
+optional:
   - the native reference engine: a llama-bench binary (--ref-bench PATH or $LLAMACY_REF_BENCH; built by
     benchmarks/build_reference.sh from a pinned commit, -DGGML_NATIVE=ON), labelled with its commit;
   - llama-cpp-python (`make bench-peer`), the reference engine through its Python binding: every token
@@ -77,6 +81,16 @@ def main() -> None:
     ap.add_argument("-n", default="64,128")
     ap.add_argument("-t", default="1,2")
     ap.add_argument("-r", type=int, default=5)
+    ap.add_argument("--big-p", default="512", help="prompt sizes for the realistic models")
+    ap.add_argument("--big-n", default="128", help="generation lengths for the realistic models")
+    ap.add_argument("--big-d", default="4096", help="depths for their tg tests (0 or empty: none)")
+    ap.add_argument("--big-t", default="2", help="thread counts for the realistic models")
+    ap.add_argument("--big-r", type=int, default=3, help="runs per test for the realistic models")
+    ap.add_argument(
+        "--big-only", default="", help="only realistic models whose label contains one of these (comma list)"
+    )
+    ap.add_argument("--no-big", action="store_true", help="skip the realistic models")
+    ap.add_argument("--no-small", action="store_true", help="skip the known (small, real) models")
     ap.add_argument("--ref-bench", help="the native reference's llama-bench (default: $LLAMACY_REF_BENCH)")
     ap.add_argument("--no-binding", action="store_true", help="skip llama-cpp-python even if installed")
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -96,30 +110,59 @@ def main() -> None:
         except ImportError:
             pass
 
-    prompts = [int(x) for x in args.p.split(",") if x]
-    gens = [int(x) for x in args.n.split(",") if x]
-    threads = [int(x) for x in args.t.split(",") if x]
+    def ints(text: str) -> list[int]:
+        return [int(x) for x in text.split(",") if x]
+
+    # (label, path, prompts, gens, depths, threads, reps)
+    runs: list[tuple[str, Path, list[int], list[int], list[int], list[int], int]] = []
+    if not args.no_small:
+        for name, known in KNOWN_MODELS.items():
+            path = known.locate()
+            if path is None:
+                print(f"skipping {name}: not installed", file=sys.stderr)
+                continue
+            runs.append((name, path, ints(args.p), ints(args.n), [], ints(args.t), args.r))
+    if not args.no_big:
+        from make_models import built_models
+
+        pick = [x for x in args.big_only.split(",") if x] or [""]
+        big = [(label, p) for label, p in built_models() if any(x in label for x in pick)]
+        if not big:
+            print("no realistic models: benchmarks/make_models.py builds them", file=sys.stderr)
+        for label, path in big:
+            depths = [d for d in ints(args.big_d) if d]
+            runs.append(
+                (label, path, ints(args.big_p), ints(args.big_n), depths, ints(args.big_t), args.big_r)
+            )
     lines = [f"Machine: {machine()}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
     ref_opt = " --ref-bench LLAMA_BENCH" if ref_bench else ""
     lines.append(
         f"Command: `make bench` (= `python benchmarks/run_all.py -p {args.p} -n {args.n} -t {args.t} "
-        f"-r {args.r}{ref_opt}`); t/s is mean ± stddev of {args.r} runs after a warm-up."
+        f"-r {args.r} --big-p {args.big_p} --big-n {args.big_n} --big-d {args.big_d} --big-t {args.big_t} "
+        f"--big-r {args.big_r}{ref_opt}`); t/s is mean ± stddev of the runs after a warm-up. The machine may "
+        "be shared with other work: compare the ratios, measured test by test in the same run."
     )
     lines.append("")
     commit = None
     n_test = 0
-    for name, known in KNOWN_MODELS.items():
-        path = known.locate()
-        if path is None:
-            print(f"skipping {name}: not installed", file=sys.stderr)
-            continue
-        llm = Llama(path, n_ctx=max(prompts + gens) + 8, n_threads=max(threads), n_batch=max(prompts))
+    for name, path, prompts, gens, depths, threads, reps in runs:
+        tests = (
+            [(p, 0, 0) for p in prompts]
+            + [(0, g, 0) for g in gens]
+            + [(0, g, d) for d in depths for g in gens]
+        )
+        llm = Llama(
+            path,
+            n_ctx=max(prompts + gens) + max([0, *depths]) + 8,
+            n_threads=max(threads),
+            n_batch=max(prompts or [512]),
+        )
         ours, native_rows, binding_rows = [], [], []
         model = llm.model  # built for max(threads) before the count drops (see llamacy/cli/bench.py)
         for t in threads:
             llm.n_threads = model.n_threads = t
-            for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
-                label = f"pp{p}" if p else f"tg{g}"
+            for p, g, d in tests:
+                label = (f"pp{p}" if p else f"tg{g}") + (f" @ d{d}" if d else "")
                 engines = (
                     ["llamacy"] + (["native"] if ref_bench else []) + (["binding"] if have_binding else [])
                 )
@@ -129,15 +172,17 @@ def main() -> None:
                 got: dict[str, float] = {}
                 for engine in engines:
                     if engine == "llamacy":
-                        r = run_test(llm, p, g, args.r)
+                        r = run_test(llm, p, g, reps, n_depth=d)
                         ours.append(r)
                         got[engine] = r.avg_ts
                     elif engine == "native":
-                        ref = run_bench(ref_bench, path, p, g, t, args.r)
+                        ref = run_bench(ref_bench, path, p, g, t, reps, n_depth=d)
                         commit = ref.commit
                         got[engine] = ref.avg_ts
                     else:
-                        got[engine] = statistics.mean(peer_run(str(path), p, g, t, args.r))
+                        if d:
+                            continue  # the binding has no depth test
+                        got[engine] = statistics.mean(peer_run(str(path), p, g, t, reps))
                 if "native" in got:
                     native_rows.append((name, t, label, got["llamacy"], got["native"]))
                 if "binding" in got:

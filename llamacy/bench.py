@@ -2,6 +2,8 @@
 
 pp<N>: N random prompt tokens evaluated as one batch from an empty cache.
 tg<N>: N single-token steps from an empty cache.
+With a depth D (llama-bench's -d), each test starts from a cache holding D random tokens instead: they are
+evaluated once, outside the timing, and every run truncates the cache back to them.
 Each test runs once as warm-up, then `repetitions` times; t/s is tokens / seconds of each run.
 """
 
@@ -55,10 +57,12 @@ class BenchResult:
     samples_ts: list[float] = field(default_factory=list)
     cpu_info: str = ""
     backends: str = "CPU"
+    n_depth: int = 0
 
     @property
     def test(self) -> str:
-        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,9 +88,22 @@ def model_type(llm: Any) -> str:
     return f"{llm.config.arch} {label} {ftype}"
 
 
-def _run_once(llm: Any, n_prompt: int, n_gen: int, rng: np.random.Generator) -> float:
+def _fill_depth(llm: Any, n_depth: int, rng: np.random.Generator) -> None:
+    """Evaluate n_depth random tokens into sequence 0 (in batches of llm.n_batch), untimed."""
     model = llm.model
     model.kv.clear(0)
+    ids = rng.integers(0, llm.config.n_vocab, n_depth).tolist()
+    step = max(1, llm.n_batch)
+    for i in range(0, n_depth, step):
+        model.eval(ids[i : i + step], logits="last")
+
+
+def _run_once(llm: Any, n_prompt: int, n_gen: int, rng: np.random.Generator, n_depth: int = 0) -> float:
+    model = llm.model
+    if n_depth:
+        model.kv.truncate(0, n_depth)  # back to the depth filled by _fill_depth
+    else:
+        model.kv.clear(0)
     vocab = llm.config.n_vocab
     t0 = time.perf_counter_ns()
     if n_prompt:
@@ -96,15 +113,22 @@ def _run_once(llm: Any, n_prompt: int, n_gen: int, rng: np.random.Generator) -> 
     return time.perf_counter_ns() - t0
 
 
-def run_test(llm: Any, n_prompt: int, n_gen: int, repetitions: int, seed: int = 0) -> BenchResult:
+def run_test(
+    llm: Any, n_prompt: int, n_gen: int, repetitions: int, seed: int = 0, n_depth: int = 0
+) -> BenchResult:
     rng = np.random.default_rng(seed)
     n = n_prompt or n_gen
-    if n > llm.n_ctx:
+    if n + n_depth > llm.n_ctx:
         from llamacy.errors import UsageError
 
-        raise UsageError(f"test of {n} tokens does not fit --ctx-size {llm.n_ctx}")
-    _run_once(llm, n_prompt, n_gen, rng)  # warm-up: page in the weights, size the caches
-    samples = [_run_once(llm, n_prompt, n_gen, rng) for _ in range(repetitions)]
+        raise UsageError(f"test of {n} tokens at depth {n_depth} does not fit --ctx-size {llm.n_ctx}")
+    if n_depth:
+        _fill_depth(llm, n_depth, rng)
+        forward = llm.model.forward
+        if hasattr(forward, "profile_reset"):
+            forward.profile_reset()  # a --profile covers the test, not the fill
+    _run_once(llm, n_prompt, n_gen, rng, n_depth)  # warm-up: page in the weights, size the caches
+    samples = [_run_once(llm, n_prompt, n_gen, rng, n_depth) for _ in range(repetitions)]
     ts = [n / (s / 1e9) for s in samples]
     return BenchResult(
         model_filename=str(llm.model_path),
@@ -123,6 +147,7 @@ def run_test(llm: Any, n_prompt: int, n_gen: int, repetitions: int, seed: int = 
         samples_ns=[int(s) for s in samples],
         samples_ts=ts,
         cpu_info=cpu_name(),
+        n_depth=n_depth,
     )
 
 

@@ -30,6 +30,9 @@ def bench(
     threads: str = typer.Option(
         None, "--threads", "-t", help="Thread counts (comma list; default: all cores)."
     ),
+    n_depth: str = typer.Option(
+        "0", "--n-depth", "-d", help="Tokens already in the cache when each test starts (comma list)."
+    ),
     repetitions: int = typer.Option(5, "--repetitions", "-r", help="Runs per test after one warm-up."),
     output: str = typer.Option("md", "--output", "-o", help="md, json or csv."),
     profile: bool = typer.Option(False, "--profile", help="Per-stage time of each test on stderr."),
@@ -42,6 +45,7 @@ def bench(
     require_range("--repetitions", repetitions, 1)
     prompts = [p for p in _ints(n_prompt, "--n-prompt", 0) if p]
     gens = [g for g in _ints(n_gen, "--n-gen", 0) if g]
+    depths = _ints(n_depth, "--n-depth", 0) or [0]
     models = [m for spec in (model or [None]) for m in (spec.split(",") if spec else [None])]
 
     from llamacy.bench import csv, markdown, run_test
@@ -51,12 +55,12 @@ def bench(
     thread_counts = _ints(threads, "--threads", 1) if threads else [default_threads()]
     results = []
     for m in models:
-        need = max([*prompts, *gens, 1])
+        need = max([*prompts, *gens, 1]) + max(depths)
         llm = Llama(
             m,
             n_ctx=need,
             n_threads=max(thread_counts),
-            n_batch=max(prompts or [1]),
+            n_batch=max([*prompts, 512 if max(depths) else 1]),  # the depth fills in batches
             profile=profile,
             kv_type=kv_type,
         )
@@ -66,9 +70,11 @@ def bench(
         model = llm.model
         for t in thread_counts:
             llm.n_threads = model.n_threads = t
-            for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]:
+            for d, p, g in [
+                (d, p, g) for d in depths for p, g in [(p, 0) for p in prompts] + [(0, g) for g in gens]
+            ]:
                 llm.model.forward.profile_reset()
-                results.append(run_test(llm, p, g, repetitions))
+                results.append(run_test(llm, p, g, repetitions, n_depth=d))
                 if output == "md":
                     # The header once, then one row per test as it finishes.
                     typer.echo(

@@ -34,15 +34,15 @@
 # AVX2 uses those same formulas for its tile shapes (decode and prefill), so one formula here matches them
 # (test_kernels_512.py names the one AVX2 tile where the compiler fused the min term).
 #
-# What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, and the
-# legacy types with n_tok == 1. K-quant decode (a row's super-block unpacking dominates it, and in a whole
-# model it streams from memory) and the float types stay on the AVX2 kernels (mm512 returns 0), as does a
-# call whose repack buffer cannot be allocated.
+# What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, the
+# legacy types with n_tok == 1, and Q4_K/Q5_K/Q6_K with n_tok == 1 (mm_kdecode: unpacked in registers,
+# maddubs + dpwssd; bit-equal to AVX2's kdot). Q2_K/Q3_K decode and the float types stay on the AVX2
+# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated.
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.kunpack cimport unpack_k
+from llamacy.kernels.kunpack cimport k4_scales_mins, move_bit, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport mm_try_fn, type_traits, writable_traits
@@ -261,7 +261,7 @@ cdef inline Py_ssize_t group_rows(Py_ssize_t row_bytes) noexcept nogil:
 
 
 # The VNNI product of one quantized type (the mm_vnni column of traits.pyx); 0 where it leaves the case to
-# the AVX2 kernels: K-quant decode, or no memory for the repacked rows.
+# the AVX2 kernels: Q2_K/Q3_K decode, or no memory for the repacked rows.
 cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok, float* Y,
                Py_ssize_t ldy) noexcept nogil:
     cdef bint kq = qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K \
@@ -280,6 +280,9 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
             mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
             return 1
     elif n_tok == 1:
+        if qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
+            mm_kdecode(W, rows, nb, <const block_q8k*>X, Y)
+            return 1
         return 0
     rec = sizeof(krec) if kq else sizeof(lrec)
     G = group_rows(nb * rec // R)

@@ -17,7 +17,7 @@
 from libc.stdint cimport int16_t, int32_t, uint8_t
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.kunpack cimport unpack_k
+from llamacy.kernels.kunpack cimport k4_scales_mins, move_bit, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.values cimport fvalue
 
@@ -238,6 +238,77 @@ cdef inline __m256 kdot(const kunpacked* k, const block_q8k* y, __m256 acc, bint
     return _mm256_fnmadd_ps(_mm256_set1_ps(k.doff * y.d), _mm256_cvtepi32_ps(o), acc)
 
 
+# Decode (one token) for Q4_K, Q5_K and Q6_K without the unpacked copy: each 32-value step's unsigned bytes
+# and its scale vector are made in registers and dotted at once, instead of unpack_kx storing 256 bytes of
+# quants and 256 of expanded scales that kdot then reloads. The int32 lanes of sumi and o are those of
+# kdot (integer sums, exact in any order; the same 4 adjacent values per lane) and the float steps are
+# kdot's, so the result is kdot's bit for bit.
+cdef inline __m256i kstep_scale16(__m256i S, int s) noexcept nogil:
+    # 16 int16 group scales S -> step s's vector: S[2s] in int16 lanes 0..7, S[2s+1] in 8..15 (as scx)
+    cdef __m256i mask = _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
+                                          0x0100010001000100, 0x0100010001000100)
+    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(S, _mm256_set1_epi32(s)), mask)
+
+
+cdef inline __m256i kstep(__m256i sumi, __m256i u, const block_q8k* y, int s, __m256i sc) noexcept nogil:
+    return _mm256_add_epi32(sumi, _mm256_madd_epi16(
+        _mm256_maddubs_epi16(u, _mm256_loadu_si256(<const __m256i*>(y.qs + 32 * s))), sc))
+
+
+cdef inline __m256 kdec(const kblock* b, const block_q8k* y, __m256 acc) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i sumi = _mm256_setzero_si256()
+    cdef __m256i S, O, v, a, c, hb, o
+    cdef __m128i sm
+    cdef float d, doff
+    cdef int j, n
+    cdef int32_t s32[8]
+    if kblock is block_q4_K or kblock is block_q5_K:
+        sm = k4_scales_mins(b.scales)
+        S = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm))  # int32 lane s: sc_s twice
+        _mm256_storeu_si256(<__m256i*>s32, S)  # broadcast back per step: loads, not shuffles
+        O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
+        if kblock is block_q5_K:
+            hb = _mm256_loadu_si256(<const __m256i*>b.qh)
+        for j in range(4):
+            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
+            a = _mm256_and_si256(v, m4)
+            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
+            if kblock is block_q5_K:
+                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
+                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
+            sumi = kstep(sumi, a, y, 2 * j, _mm256_set1_epi32(s32[2 * j]))
+            sumi = kstep(sumi, c, y, 2 * j + 1, _mm256_set1_epi32(s32[2 * j + 1]))
+        d = fp16(b.d)
+        doff = fp16(b.dmin)
+        o = _mm256_madd_epi16(O, _mm256_loadu_si256(<const __m256i*>y.bsums))
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc)
+        return _mm256_fnmadd_ps(_mm256_set1_ps(doff * y.d), _mm256_cvtepi32_ps(o), acc)
+    elif kblock is block_q6_K:
+        S = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
+        O = _mm256_slli_epi16(S, 5)
+        for n in range(2):
+            a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
+            c = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n + 32))
+            hb = _mm256_loadu_si256(<const __m256i*>(b.qh + 32 * n))
+            sumi = kstep(sumi, _mm256_or_si256(_mm256_and_si256(a, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30))),
+                         y, 4 * n, kstep_scale16(S, 4 * n))
+            sumi = kstep(sumi, _mm256_or_si256(_mm256_and_si256(c, m4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(0x30))),
+                         y, 4 * n + 1, kstep_scale16(S, 4 * n + 1))
+            sumi = kstep(sumi, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                                               _mm256_and_si256(hb, _mm256_set1_epi8(0x30))),
+                         y, 4 * n + 2, kstep_scale16(S, 4 * n + 2))
+            sumi = kstep(sumi, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30))),
+                         y, 4 * n + 3, kstep_scale16(S, 4 * n + 3))
+        d = fp16(b.d)
+        o = _mm256_madd_epi16(O, _mm256_loadu_si256(<const __m256i*>y.bsums))
+        return _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, o)), acc)
+    return acc  # Q2_K/Q3_K: not used (tile_k keeps them on unpack_kx + kdot)
+
+
 cdef void tile_k(const kblock* w, const tshape* shape, const block_q8k* y, Py_ssize_t nb,
                  float* out, Py_ssize_t ldo) noexcept nogil:
     cdef int R = shape_rows(shape)
@@ -252,6 +323,15 @@ cdef void tile_k(const kblock* w, const tshape* shape, const block_q8k* y, Py_ss
     for r in range(R):
         for t in range(T):
             acc[r][t] = _mm256_setzero_ps()
+    if T == 1 and (kblock is block_q4_K or kblock is block_q5_K or kblock is block_q6_K):
+        for b in range(nb):  # decode: prefetch the weights PF_TILES tiles ahead (see tile_lg)
+            for k in range(0, pfstep, 64):
+                lc_prefetch(pf + b * pfstep + k)
+            for r in range(R):
+                acc[r][0] = kdec(w + r * nb + b, y + b, acc[r][0])
+        for r in range(R):
+            out[r] = hsum8(acc[r][0])
+        return
     for b in range(nb):
         if T == 1:  # decode: prefetch the weights PF_TILES tiles ahead (see tile_lg)
             for k in range(0, pfstep, 64):

@@ -1,0 +1,294 @@
+"""Realistic benchmark models: random weights in the shapes of real 1B-3B checkpoints, as GGUF files.
+
+    python benchmarks/make_models.py [--models llama-3.2-1b,qwen2.5-1.5b,qwen2.5-3b] [--types q4_k_m,q4_0,q8_0]
+    python benchmarks/make_models.py --list        # the paths of the files already built
+
+Speed depends on the tensors' shapes and types, not on their values, so a random checkpoint in a real
+model's shapes benchmarks like the real model: each is written in Hugging Face's layout (config.json,
+safetensors in f16, a byte-level BPE tokenizer.json of the real vocabulary size) and converted with
+`llamacy convert` to each --type. Weights are N(0, 0.02) like a trained model's (norm weights near 1, Qwen's
+q/k/v biases small), so the quantizers see realistic ranges. The tokenizer is synthetic (the 256 byte
+symbols, then made-up merges up to the real count) with the real pre-tokenizer; the text it produces means
+nothing, which no speed test needs.
+
+Files go to ~/.cache/llamacy/bench-models/<model>-<TYPE>.gguf (outside the repository; $XDG_CACHE_HOME is
+honoured); a file already there is kept. The Hugging Face checkpoint is deleted once every requested type of
+that model is converted (a 3B f16 checkpoint is ~6 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A real model's config.json values (those that set tensor shapes and the forward pass)."""
+
+    arch: str  # llama | qwen2
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int  # config vocab_size: the embedding's rows
+    n_text_tokens: int  # regular tokens of the real tokenizer (the rest up to vocab is specials/padding)
+    tied: bool
+    extra: dict = field(default_factory=dict)
+
+
+LLAMA3_ROPE = {
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+}
+QWEN_ROPE = {"rope_theta": 1000000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6}
+
+MODELS: dict[str, Shape] = {
+    # meta-llama/Llama-3.2-1B-Instruct: tied embedding, GQA 32/8, head_dim 64.
+    "llama-3.2-1b": Shape("llama", 2048, 8192, 16, 32, 8, 128256, 128000, True, LLAMA3_ROPE),
+    # Qwen2.5-1.5B's shapes with an untied output head (as DeepSeek-R1-Distill-Qwen-1.5B has): the case
+    # issue #29 measured, where the Q6_K head is 10% of decode.
+    "qwen2.5-1.5b": Shape("qwen2", 1536, 8960, 28, 12, 2, 151936, 151643, False, QWEN_ROPE),
+    # Qwen/Qwen2.5-3B-Instruct: tied embedding, GQA 16/2.
+    "qwen2.5-3b": Shape("qwen2", 2048, 11008, 36, 16, 2, 151936, 151643, True, QWEN_ROPE),
+    # meta-llama/Llama-3.2-3B-Instruct.
+    "llama-3.2-3b": Shape("llama", 3072, 8192, 28, 24, 8, 128256, 128000, True, LLAMA3_ROPE),
+}
+DEFAULT_MODELS = "llama-3.2-1b,qwen2.5-1.5b,qwen2.5-3b"
+DEFAULT_TYPES = "q4_k_m,q4_0,q8_0"
+
+
+def out_dir() -> Path:
+    from llamacy.catalog import cache_dir
+
+    return cache_dir() / "bench-models"
+
+
+def gguf_path(model: str, qtype: str) -> Path:
+    return out_dir() / f"{model}-{qtype.upper()}.gguf"
+
+
+def built_models() -> list[tuple[str, Path]]:
+    """(label, path) of every benchmark model already built, in MODELS order then type order."""
+    found = []
+    for model in MODELS:
+        for qtype in ("q4_k_m", "q4_0", "q8_0", *DEFAULT_TYPES.split(",")):
+            p = gguf_path(model, qtype)
+            if p.is_file() and (f"{model} {qtype.upper()}", p) not in found:
+                found.append((f"{model} {qtype.upper()}", p))
+    return found
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode map, the symbols of a byte-level BPE vocabulary."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for c in cs]
+
+
+def write_tokenizer(directory: Path, shape: Shape) -> None:
+    """A byte-level BPE tokenizer.json with shape.n_text_tokens regular tokens (256 bytes + synthetic
+    merges: every pair of symbols, then every merged pair followed by a symbol, in order), three special
+    tokens after them, the model's real split regex, and a ChatML tokenizer_config.json."""
+    alphabet = byte_alphabet()
+    vocab: dict[str, int] = {s: i for i, s in enumerate(alphabet)}
+    merges: list[str] = []
+    need = shape.n_text_tokens
+    layers = [alphabet]
+    while len(vocab) < need:
+        nxt = []
+        for a in layers[-1]:
+            for b in alphabet:
+                if len(vocab) >= need:
+                    break
+                if a + b not in vocab:
+                    vocab[a + b] = len(vocab)
+                    merges.append(f"{a} {b}")
+                    nxt.append(a + b)
+            if len(vocab) >= need:
+                break
+        layers.append(nxt)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    added = []
+    for s in specials:
+        vocab[s] = len(vocab)
+        added.append({"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": False, "special": True})  # fmt: skip
+    regex = QWEN2_REGEX if shape.arch == "qwen2" else LLAMA3_REGEX
+    tok = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        },
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "ignore_merges": shape.arch == "llama", "vocab": vocab, "merges": merges,
+        },
+    }  # fmt: skip
+    (directory / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    chatml = (
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+        "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    config = {
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>",
+        "pad_token": "<|im_end|>", "add_bos_token": False, "chat_template": chatml,
+    }  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) -> None:
+    """config.json, tokenizer and f16 safetensors (one shard per layer, plus embeddings), random weights."""
+    from safetensors.numpy import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(directory, shape)
+    head_dim = shape.hidden // shape.heads
+    cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[shape.arch]
+    cfg = {
+        "architectures": [cls], "model_type": shape.arch, "hidden_size": shape.hidden,
+        "intermediate_size": shape.ffn, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads, "vocab_size": shape.vocab, "hidden_act": "silu",
+        "tie_word_embeddings": shape.tied, "torch_dtype": "bfloat16", "bos_token_id": shape.n_text_tokens,
+        "eos_token_id": shape.n_text_tokens + 2, "_name": f"random-weight {name} (benchmarks/make_models.py)",
+        **shape.extra,
+    }  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
+    rng = np.random.default_rng(seed)
+
+    def normal(*dims: int, std: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(dims, dtype=np.float32) * std).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
+
+    q_dim, kv_dim = shape.heads * head_dim, shape.kv_heads * head_dim
+    weight_map: dict[str, str] = {}
+
+    def save(tensors: dict[str, np.ndarray], fname: str) -> None:
+        save_file(tensors, str(directory / fname))
+        weight_map.update(dict.fromkeys(tensors, fname))
+
+    emb = {
+        "model.embed_tokens.weight": normal(shape.vocab, shape.hidden),
+        "model.norm.weight": norm(shape.hidden),
+    }
+    if not shape.tied:
+        emb["lm_head.weight"] = normal(shape.vocab, shape.hidden)
+    save(emb, "model-embed.safetensors")
+    del emb
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        w = {
+            p + "input_layernorm.weight": norm(shape.hidden),
+            p + "post_attention_layernorm.weight": norm(shape.hidden),
+            p + "self_attn.q_proj.weight": normal(q_dim, shape.hidden),
+            p + "self_attn.k_proj.weight": normal(kv_dim, shape.hidden),
+            p + "self_attn.v_proj.weight": normal(kv_dim, shape.hidden),
+            p + "self_attn.o_proj.weight": normal(shape.hidden, q_dim),
+            p + "mlp.gate_proj.weight": normal(shape.ffn, shape.hidden),
+            p + "mlp.up_proj.weight": normal(shape.ffn, shape.hidden),
+            p + "mlp.down_proj.weight": normal(shape.hidden, shape.ffn),
+        }
+        if shape.arch == "qwen2":
+            for proj, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                w[p + f"self_attn.{proj}_proj.bias"] = normal(n, std=0.1)
+        save(w, f"model-layer{i:03d}.safetensors")
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def build(model: str, types: list[str], threads: int) -> list[Path]:
+    todo = [t for t in types if not gguf_path(model, t).is_file()]
+    done = [gguf_path(model, t) for t in types if t not in todo]
+    for p in done:
+        print(f"have {p}", file=sys.stderr)
+    if not todo:
+        return done
+    hf = out_dir() / f"{model}-hf"
+    if not (hf / "model.safetensors.index.json").is_file():
+        shutil.rmtree(hf, ignore_errors=True)
+        t0 = time.perf_counter()
+        write_checkpoint(hf, model, MODELS[model])
+        print(f"wrote {hf} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    for t in todo:
+        out = gguf_path(model, t)
+        tmp = out.with_suffix(".partial.gguf")
+        cmd = [sys.executable, "-m", "llamacy", "convert", str(hf), "-o", str(tmp), "--type", t]
+        cmd += ["--threads", str(threads)]
+        print(" ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        tmp.rename(out)
+        done.append(out)
+    shutil.rmtree(hf)  # every requested type is converted: the f16 checkpoint is no longer needed
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument("--types", default=DEFAULT_TYPES, help="comma list of llamacy convert --type values")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--list", action="store_true", help="print the files already built and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for label, p in built_models():
+            print(f"{label}\t{p}")
+        return 0
+    out_dir().mkdir(parents=True, exist_ok=True)
+    for model in [m for m in args.models.split(",") if m]:
+        if model not in MODELS:
+            raise SystemExit(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        for p in build(model, [t.lower() for t in args.types.split(",") if t], args.threads):
+            print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

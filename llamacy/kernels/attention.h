@@ -402,8 +402,8 @@ LC_ATT_INLINE __m256 lc_attq_dot32(__m256i q, __m256i k) {
 
 /* Scores of rows j..j+8 for H (1, 2 or 4) query heads: head h's quantized query at qq + h * qs, its scores
  * at s + h * ss. Rows in passes of 8 / H, so 8 accumulators; each K block is loaded once for the H heads. */
-LC_ATT_INLINE void lc_attq_scores8xh(const char *qq, ptrdiff_t qs, const void *K, ptrdiff_t j, ptrdiff_t hd,
-                                     float scale, float *s, ptrdiff_t ss, int H, int fmt) {
+LC_ATT_INLINE void lc_attq_scores8xh(const char *qq, ptrdiff_t qs, const float *dq, const void *K, ptrdiff_t j,
+                                     ptrdiff_t hd, float scale, float *s, ptrdiff_t ss, int H, int fmt) {
     const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd), kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
     const int R = 8 / H;
     __m256 r[4][8];
@@ -414,18 +414,15 @@ LC_ATT_INLINE void lc_attq_scores8xh(const char *qq, ptrdiff_t qs, const void *K
             for (int i = 0; i < R; i++) a[h][i] = _mm256_setzero_ps();
         for (ptrdiff_t b = 0; b < nb; b++) {
             __m256i qv[4];
-            float dq[4];
-            for (int h = 0; h < H; h++) {
-                const char *qb = qq + h * qs + b * LC_QQ_BYTES;
-                qv[h] = _mm256_loadu_si256((const __m256i *)(qb + 2));
-                dq[h] = _cvtsh_ss(lc_kvq_d(qb));
-            }
+            for (int h = 0; h < H; h++)
+                qv[h] = _mm256_loadu_si256((const __m256i *)(qq + h * qs + b * LC_QQ_BYTES + 2));
             for (int i = 0; i < R; i++) {
                 const char *kb = k + i * rb + b * kbb;
                 const __m256i kv = lc_kvq_i8(kb, fmt);
-                const float dk = _cvtsh_ss(lc_kvq_d(kb));
+                const __m256 dk = _mm256_set1_ps(_cvtsh_ss(lc_kvq_d(kb)));
                 for (int h = 0; h < H; h++)
-                    a[h][i] = _mm256_fmadd_ps(_mm256_set1_ps(dq[h] * dk), lc_attq_dot32(qv[h], kv), a[h][i]);
+                    a[h][i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(dq + h * nb + b), dk),
+                                              lc_attq_dot32(qv[h], kv), a[h][i]);
             }
         }
         for (int h = 0; h < H; h++)
@@ -438,11 +435,10 @@ LC_ATT_INLINE void lc_attq_scores8xh(const char *qq, ptrdiff_t qs, const void *K
 
 /* One per format and head count, as calls of their own (see lc_att_scores8_call). */
 #define LC_ATTQ_FNS(name, fmt, H)                                                                              \
-    static __attribute__((noinline)) void lc_attq_scores8x##H##_##name(const char *qq, ptrdiff_t qs,          \
-                                                                       const void *K, ptrdiff_t j,            \
-                                                                       ptrdiff_t hd, float scale, float *s,   \
-                                                                       ptrdiff_t ss) {                        \
-        lc_attq_scores8xh(qq, qs, K, j, hd, scale, s, ss, H, fmt);                                           \
+    static __attribute__((noinline)) void lc_attq_scores8x##H##_##name(                                     \
+        const char *qq, ptrdiff_t qs, const float *dq, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale, \
+        float *s, ptrdiff_t ss) {                                                                             \
+        lc_attq_scores8xh(qq, qs, dq, K, j, hd, scale, s, ss, H, fmt);                                       \
     }
 LC_ATTQ_FNS(q8_0, LC_KV_Q8_0, 1)
 LC_ATTQ_FNS(q8_0, LC_KV_Q8_0, 2)
@@ -455,13 +451,13 @@ LC_ATTQ_FNS(q4_0, LC_KV_Q4_0, 4)
 
 /* The score of one row (the positions left over from the blocks of 8, and no-SIMD), without scale: the
  * arithmetic of lc_attq_scores8xh's lanes and reduction. */
-LC_ATT_INLINE float lc_attq_dot(const char *qq, const char *row, ptrdiff_t hd, int fmt) {
+LC_ATT_INLINE float lc_attq_dot(const char *qq, const float *dq, const char *row, ptrdiff_t hd, int fmt) {
     const ptrdiff_t kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
 #if LC_ATT_SIMD
     __m256 a = _mm256_setzero_ps();
     for (ptrdiff_t b = 0; b < nb; b++) {
         const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
-        const float dd = _cvtsh_ss(lc_kvq_d(qb)) * _cvtsh_ss(lc_kvq_d(kb));
+        const float dd = dq[b] * _cvtsh_ss(lc_kvq_d(kb));
         a = _mm256_fmadd_ps(_mm256_set1_ps(dd),
                             lc_attq_dot32(_mm256_loadu_si256((const __m256i *)(qb + 2)), lc_kvq_i8(kb, fmt)), a);
     }
@@ -472,7 +468,7 @@ LC_ATT_INLINE float lc_attq_dot(const char *qq, const char *row, ptrdiff_t hd, i
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t b = 0; b < nb; b++) {
         const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
-        const float dd = _cvtsh_ss(lc_kvq_d(qb)) * _cvtsh_ss(lc_kvq_d(kb));
+        const float dd = dq[b] * _cvtsh_ss(lc_kvq_d(kb));
         for (int l = 0; l < 8; l++) {
             int t = 0;
             for (int i = 4 * l; i < 4 * l + 4; i++) t += (int8_t)qb[2 + i] * lc_kvq_int(kb, i, fmt);
@@ -528,7 +524,7 @@ LC_ATT_INLINE float lc_att_softmax(float *scores, ptrdiff_t first, ptrdiff_t n, 
 
 /* K and V point at position 0 of the head's cache (rows of lc_kv_row_bytes(fmt, hd) bytes); scores needs
  * last + 1 floats. */
-LC_ATT_INLINE void lc_attend_impl(const float *q, const char *qq, const void *K, const void *V, ptrdiff_t first,
+LC_ATT_INLINE void lc_attend_impl(const float *q, const char *qq, const float *dq, const void *K, const void *V, ptrdiff_t first,
                                   ptrdiff_t last, ptrdiff_t hd, float scale, float softcap, float *scores,
                                   float *out, int fmt) {
     const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
@@ -536,9 +532,9 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const char *qq, const void *K,
     ptrdiff_t j = first;
     if (LC_KV_QUANT(fmt)) {
 #if LC_ATT_SIMD
-        for (; j + 8 <= n; j += 8) LC_ATTQ_CALL(1, fmt)(qq, 0, K, j, hd, scale, scores, 0);
+        for (; j + 8 <= n; j += 8) LC_ATTQ_CALL(1, fmt)(qq, 0, dq, K, j, hd, scale, scores, 0);
 #endif
-        for (; j < n; j++) scores[j] = lc_attq_dot(qq, (const char *)K + j * rb, hd, fmt) * scale;
+        for (; j < n; j++) scores[j] = lc_attq_dot(qq, dq, (const char *)K + j * rb, hd, fmt) * scale;
     } else {
 #if LC_ATT_SIMD
         if (simd)
@@ -610,7 +606,7 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
  * is loaded, measured slower on the AMD EPYC (AVX-512, 2 cores) this was written on: the K blocks 1.15x,
  * K and V 1.35x the per-head kernel's time over one Gemma 3 layer's 512-token prompt; the stores and
  * reloads cost more than the conversions saved. */
-LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const void *K, const void *V, ptrdiff_t first,
+LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const float *dq, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
                                         float *scores, ptrdiff_t ss, float *out, int fmt) {
 #if LC_ATT_SIMD
@@ -621,15 +617,17 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const vo
     const ptrdiff_t G4 = LC_KV_QUANT(fmt) ? G / 4 * 4 : 0;
     ptrdiff_t j = first, g;
     if (LC_KV_QUANT(fmt)) { /* integer dot products with the quantized query, heads four, two, one at a time */
-        const ptrdiff_t qs = hd / 32 * LC_QQ_BYTES;
+        const ptrdiff_t qs = hd / 32 * LC_QQ_BYTES, nb = hd / 32;
         for (; j + 8 <= n; j += 8) {
-            for (g = 0; g < G4; g += 4) LC_ATTQ_CALL(4, fmt)(qq + g * qs, qs, K, j, hd, scale, scores + g * ss, ss);
-            for (; g + 2 <= G; g += 2) LC_ATTQ_CALL(2, fmt)(qq + g * qs, qs, K, j, hd, scale, scores + g * ss, ss);
-            if (g < G) LC_ATTQ_CALL(1, fmt)(qq + g * qs, qs, K, j, hd, scale, scores + g * ss, ss);
+            for (g = 0; g < G4; g += 4)
+                LC_ATTQ_CALL(4, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
+            for (; g + 2 <= G; g += 2)
+                LC_ATTQ_CALL(2, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
+            if (g < G) LC_ATTQ_CALL(1, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
         }
         for (; j < n; j++)
             for (g = 0; g < G; g++)
-                scores[g * ss + j] = lc_attq_dot(qq + g * qs, (const char *)K + j * rb, hd, fmt) * scale;
+                scores[g * ss + j] = lc_attq_dot(qq + g * qs, dq + g * nb, (const char *)K + j * rb, hd, fmt) * scale;
     } else {
         for (; j + 8 <= n; j += 8) {
             for (g = 0; g + 2 <= G; g += 2)
@@ -655,7 +653,7 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const vo
     }
     for (g = 0; g < G; g++) lc_att_scale(out + g * hd, hd, inv[g]);
 #else
-    (void)q, (void)qq, (void)K, (void)V, (void)first, (void)last, (void)hd, (void)G, (void)scale, (void)softcap;
+    (void)q, (void)qq, (void)dq, (void)K, (void)V, (void)first, (void)last, (void)hd, (void)G, (void)scale, (void)softcap;
     (void)scores, (void)ss, (void)out, (void)fmt;
 #endif
 }
@@ -665,16 +663,19 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const vo
 LC_ATT_INLINE void lc_attend_group_impl(const float *q, const char *qq, const void *K, const void *V,
                                         ptrdiff_t first, ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale,
                                         float softcap, float *scores, ptrdiff_t ss, float *out, int fmt) {
-    const ptrdiff_t qs = LC_KV_QUANT(fmt) ? hd / 32 * LC_QQ_BYTES : 0;
+    const ptrdiff_t qs = LC_KV_QUANT(fmt) ? hd / 32 * LC_QQ_BYTES : 0, nb = LC_KV_QUANT(fmt) ? hd / 32 : 0;
+    /* the query blocks' scales as floats, head g's at dq + g * nb */
+    float dq[LC_KV_QUANT(fmt) ? G * nb : 1];
+    for (ptrdiff_t b = 0; b < G * nb; b++) dq[b] = _cvtsh_ss(lc_kvq_d(qq + b * LC_QQ_BYTES));
     if (LC_ATT_SIMD && G > 1 && hd % 8 == 0) {
         for (ptrdiff_t g0 = 0; g0 < G; g0 += LC_ATT_GROUP_MAX)
-            lc_attend_group_pass(q + g0 * hd, qq + g0 * qs, K, V, first, last, hd,
+            lc_attend_group_pass(q + g0 * hd, qq + g0 * qs, dq + g0 * nb, K, V, first, last, hd,
                                  G - g0 < LC_ATT_GROUP_MAX ? G - g0 : LC_ATT_GROUP_MAX, scale, softcap,
                                  scores + g0 * ss, ss, out + g0 * hd, fmt);
         return;
     }
     for (ptrdiff_t g = 0; g < G; g++)
-        lc_attend_impl(q + g * hd, qq + g * qs, K, V, first, last, hd, scale, softcap, scores + g * ss,
+        lc_attend_impl(q + g * hd, qq + g * qs, dq + g * nb, K, V, first, last, hd, scale, softcap, scores + g * ss,
                        out + g * hd, fmt);
 }
 

@@ -450,21 +450,13 @@ LC_ATTQ_FNS(q4_0, LC_KV_Q4_0, 4)
 #endif
 
 /* The score of one row (the positions left over from the blocks of 8, and no-SIMD), without scale: the
- * arithmetic of lc_attq_scores8xh's lanes and reduction. */
-LC_ATT_INLINE float lc_attq_dot(const char *qq, const float *dq, const char *row, ptrdiff_t hd, int fmt) {
+ * arithmetic of lc_attq_scores8xh's lanes and reduction. The plain loops' lane sums are summed in that
+ * order only without -ffast-math's reassociation, hence a function of their own built without it (then
+ * the portable build's scores are bit for bit the AVX2 build's; fmaf is exact either way). */
+#if !LC_ATT_SIMD
+static __attribute__((noinline, optimize("no-associative-math"))) float
+lc_attq_dot_plain(const char *qq, const float *dq, const char *row, ptrdiff_t hd, int fmt) {
     const ptrdiff_t kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
-#if LC_ATT_SIMD
-    __m256 a = _mm256_setzero_ps();
-    for (ptrdiff_t b = 0; b < nb; b++) {
-        const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
-        const float dd = dq[b] * _cvtsh_ss(lc_kvq_d(kb));
-        a = _mm256_fmadd_ps(_mm256_set1_ps(dd),
-                            lc_attq_dot32(_mm256_loadu_si256((const __m256i *)(qb + 2)), lc_kvq_i8(kb, fmt)), a);
-    }
-    a = _mm256_hadd_ps(a, a);
-    a = _mm256_hadd_ps(a, a); /* lane 0: (0+1)+(2+3); lane 4: (4+5)+(6+7) */
-    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
-#else
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (ptrdiff_t b = 0; b < nb; b++) {
         const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
@@ -476,6 +468,24 @@ LC_ATT_INLINE float lc_attq_dot(const char *qq, const float *dq, const char *row
         }
     }
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+#endif
+
+LC_ATT_INLINE float lc_attq_dot(const char *qq, const float *dq, const char *row, ptrdiff_t hd, int fmt) {
+#if LC_ATT_SIMD
+    const ptrdiff_t kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
+    __m256 a = _mm256_setzero_ps();
+    for (ptrdiff_t b = 0; b < nb; b++) {
+        const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
+        const float dd = dq[b] * _cvtsh_ss(lc_kvq_d(kb));
+        a = _mm256_fmadd_ps(_mm256_set1_ps(dd),
+                            lc_attq_dot32(_mm256_loadu_si256((const __m256i *)(qb + 2)), lc_kvq_i8(kb, fmt)), a);
+    }
+    a = _mm256_hadd_ps(a, a);
+    a = _mm256_hadd_ps(a, a); /* lane 0: (0+1)+(2+3); lane 4: (4+5)+(6+7) */
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+#else
+    return lc_attq_dot_plain(qq, dq, row, hd, fmt);
 #endif
 }
 

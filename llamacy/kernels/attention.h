@@ -365,6 +365,130 @@ LC_ATT_INLINE void lc_att_scale(float *out, ptrdiff_t hd, float inv) {
 }
 #endif
 
+/* Scores over quantized K rows use integer dot products, as llama.cpp does for a quantized K cache: the
+ * caller (ops.pyx's attend_group) quantizes each query head once per call to Q8_0 blocks (qq, ggml's
+ * quantize_row_q8_0 reference, LC_QQ_BYTES per 32 values), and a row's score is the sum over blocks b of
+ * d_q[b] * d_k[b] * sum(q_i * k_i), the scores of the quantized query. As ggml's vec_dot_q8_0_q8_0, each
+ * block's 32 products are summed in integers into 8 lanes (lane l: values 4l..4l+3, exact), and each lane
+ * accumulates in float, blocks ascending: lane = fma(d_q * d_k, (float)lane_sum, lane) (d_q * d_k, a product
+ * of two halves, is exact in float32); the 8 lanes are summed ((0+1)+(2+3))+((4+5)+(6+7)), the order of
+ * lc_att_reduce8, then times scale. The 8-row, grouped and leftover-position paths all run that very
+ * arithmetic, so their scores agree bit for bit. */
+#define LC_QQ_BYTES 34
+
+/* Value i (< 32) of a quantized K block, as an integer. */
+LC_ATT_INLINE int lc_kvq_int(const char *blk, int i, int fmt) {
+    const uint8_t *b = (const uint8_t *)blk + 2;
+    if (fmt == LC_KV_Q8_0) return (int8_t)b[i];
+    return ((i & 16) ? b[i & 15] >> 4 : b[i & 15] & 15) - 8;
+}
+
+#if LC_ATT_SIMD
+/* A quantized K block's 32 values as signed bytes. */
+LC_ATT_INLINE __m256i lc_kvq_i8(const char *blk, int fmt) {
+    if (fmt == LC_KV_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i x = _mm_loadu_si128((const __m128i *)(blk + 2)), m = _mm_set1_epi8(15);
+    const __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* The 8 lane sums of q_i * k_i (lane l: i = 4l..4l+3) as floats: |k| times q with k's sign (maddubs takes
+ * unsigned times signed bytes; |values| <= 127, so its pair sums do not saturate), pairs of pairs summed by
+ * madd. */
+LC_ATT_INLINE __m256 lc_attq_dot32(__m256i q, __m256i k) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(k, k), _mm256_sign_epi8(q, k));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* Scores of rows j..j+8 for H (1, 2 or 4) query heads: head h's quantized query at qq + h * qs, its scores
+ * at s + h * ss. Rows in passes of 8 / H, so 8 accumulators; each K block is loaded once for the H heads. */
+LC_ATT_INLINE void lc_attq_scores8xh(const char *qq, ptrdiff_t qs, const float *dq, const void *K, ptrdiff_t j,
+                                     ptrdiff_t hd, float scale, float *s, ptrdiff_t ss, int H, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd), kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
+    const int R = 8 / H;
+    __m256 r[4][8];
+    for (int p = 0; p < 8; p += R) {
+        const char *k = (const char *)K + (j + p) * rb;
+        __m256 a[4][8];
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < R; i++) a[h][i] = _mm256_setzero_ps();
+        for (ptrdiff_t b = 0; b < nb; b++) {
+            __m256i qv[4];
+            for (int h = 0; h < H; h++)
+                qv[h] = _mm256_loadu_si256((const __m256i *)(qq + h * qs + b * LC_QQ_BYTES + 2));
+            for (int i = 0; i < R; i++) {
+                const char *kb = k + i * rb + b * kbb;
+                const __m256i kv = lc_kvq_i8(kb, fmt);
+                const __m256 dk = _mm256_set1_ps(_cvtsh_ss(lc_kvq_d(kb)));
+                for (int h = 0; h < H; h++)
+                    a[h][i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(dq + h * nb + b), dk),
+                                              lc_attq_dot32(qv[h], kv), a[h][i]);
+            }
+        }
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < R; i++) r[h][p + i] = a[h][i];
+    }
+    for (int h = 0; h < H; h++)
+        lc_att_reduce8(r[h][0], r[h][1], r[h][2], r[h][3], r[h][4], r[h][5], r[h][6], r[h][7], scale,
+                       s + h * ss + j);
+}
+
+/* One per format and head count, as calls of their own (see lc_att_scores8_call). */
+#define LC_ATTQ_FNS(name, fmt, H)                                                                              \
+    static __attribute__((noinline)) void lc_attq_scores8x##H##_##name(                                     \
+        const char *qq, ptrdiff_t qs, const float *dq, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale, \
+        float *s, ptrdiff_t ss) {                                                                             \
+        lc_attq_scores8xh(qq, qs, dq, K, j, hd, scale, s, ss, H, fmt);                                       \
+    }
+LC_ATTQ_FNS(q8_0, LC_KV_Q8_0, 1)
+LC_ATTQ_FNS(q8_0, LC_KV_Q8_0, 2)
+LC_ATTQ_FNS(q8_0, LC_KV_Q8_0, 4)
+LC_ATTQ_FNS(q4_0, LC_KV_Q4_0, 1)
+LC_ATTQ_FNS(q4_0, LC_KV_Q4_0, 2)
+LC_ATTQ_FNS(q4_0, LC_KV_Q4_0, 4)
+#define LC_ATTQ_CALL(H, fmt) (fmt == LC_KV_Q8_0 ? lc_attq_scores8x##H##_q8_0 : lc_attq_scores8x##H##_q4_0)
+#endif
+
+/* The score of one row (the positions left over from the blocks of 8, and no-SIMD), without scale: the
+ * arithmetic of lc_attq_scores8xh's lanes and reduction. The plain loops' lane sums are summed in that
+ * order only without -ffast-math's reassociation, hence a function of their own built without it (then
+ * the portable build's scores are bit for bit the AVX2 build's; fmaf is exact either way). */
+#if !LC_ATT_SIMD
+static __attribute__((noinline, optimize("no-associative-math"))) float
+lc_attq_dot_plain(const char *qq, const float *dq, const char *row, ptrdiff_t hd, int fmt) {
+    const ptrdiff_t kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (ptrdiff_t b = 0; b < nb; b++) {
+        const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
+        const float dd = dq[b] * _cvtsh_ss(lc_kvq_d(kb));
+        for (int l = 0; l < 8; l++) {
+            int t = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) t += (int8_t)qb[2 + i] * lc_kvq_int(kb, i, fmt);
+            acc[l] = fmaf(dd, (float)t, acc[l]);
+        }
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+#endif
+
+LC_ATT_INLINE float lc_attq_dot(const char *qq, const float *dq, const char *row, ptrdiff_t hd, int fmt) {
+#if LC_ATT_SIMD
+    const ptrdiff_t kbb = lc_kvq_block_bytes(fmt), nb = hd / 32;
+    __m256 a = _mm256_setzero_ps();
+    for (ptrdiff_t b = 0; b < nb; b++) {
+        const char *qb = qq + b * LC_QQ_BYTES, *kb = row + b * kbb;
+        const float dd = dq[b] * _cvtsh_ss(lc_kvq_d(kb));
+        a = _mm256_fmadd_ps(_mm256_set1_ps(dd),
+                            lc_attq_dot32(_mm256_loadu_si256((const __m256i *)(qb + 2)), lc_kvq_i8(kb, fmt)), a);
+    }
+    a = _mm256_hadd_ps(a, a);
+    a = _mm256_hadd_ps(a, a); /* lane 0: (0+1)+(2+3); lane 4: (4+5)+(6+7) */
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+#else
+    return lc_attq_dot_plain(qq, dq, row, hd, fmt);
+#endif
+}
+
 /* The dot product of q with a cached row (the positions left over from the blocks of 8, and no-SIMD). */
 LC_ATT_INLINE float lc_att_dot(const float *q, const char *row, ptrdiff_t hd, int fmt) {
     if (fmt == LC_KV_F32) return lc_dot_f32(q, (const float *)row, hd);
@@ -410,16 +534,24 @@ LC_ATT_INLINE float lc_att_softmax(float *scores, ptrdiff_t first, ptrdiff_t n, 
 
 /* K and V point at position 0 of the head's cache (rows of lc_kv_row_bytes(fmt, hd) bytes); scores needs
  * last + 1 floats. */
-LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, ptrdiff_t first, ptrdiff_t last,
-                                  ptrdiff_t hd, float scale, float softcap, float *scores, float *out, int fmt) {
+LC_ATT_INLINE void lc_attend_impl(const float *q, const char *qq, const float *dq, const void *K, const void *V, ptrdiff_t first,
+                                  ptrdiff_t last, ptrdiff_t hd, float scale, float softcap, float *scores,
+                                  float *out, int fmt) {
     const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
     const int simd = LC_ATT_SIMD && hd % 8 == 0;
     ptrdiff_t j = first;
+    if (LC_KV_QUANT(fmt)) {
 #if LC_ATT_SIMD
-    if (simd)
-        for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, fmt);
+        for (; j + 8 <= n; j += 8) LC_ATTQ_CALL(1, fmt)(qq, 0, dq, K, j, hd, scale, scores, 0);
 #endif
-    for (; j < n; j++) scores[j] = lc_att_dot(q, (const char *)K + j * rb, hd, fmt) * scale;
+        for (; j < n; j++) scores[j] = lc_attq_dot(qq, dq, (const char *)K + j * rb, hd, fmt) * scale;
+    } else {
+#if LC_ATT_SIMD
+        if (simd)
+            for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, fmt);
+#endif
+        for (; j < n; j++) scores[j] = lc_att_dot(q, (const char *)K + j * rb, hd, fmt) * scale;
+    }
     const float inv = lc_att_softmax(scores, first, n, softcap);
 #if LC_ATT_SIMD
     if (simd) {
@@ -452,33 +584,17 @@ LC_ATT_INLINE void lc_attend_impl(const float *q, const void *K, const void *V, 
                                                                   float scale, float *sa, float *sb) {       \
         lc_att_scores8x2(qa, qb, K, j, hd, scale, sa, sb, fmt);                                              \
     }
-static __attribute__((noinline)) void lc_att_scores8x4_q8_0(const float *q, const void *K, ptrdiff_t j,
-                                                            ptrdiff_t hd, float scale, float *s, ptrdiff_t ss) {
-    lc_att_scores8x4(q, K, j, hd, scale, s, ss, LC_KV_Q8_0);
-}
-static __attribute__((noinline)) void lc_att_scores8x4_q4_0(const float *q, const void *K, ptrdiff_t j,
-                                                            ptrdiff_t hd, float scale, float *s, ptrdiff_t ss) {
-    lc_att_scores8x4(q, K, j, hd, scale, s, ss, LC_KV_Q4_0);
-}
 LC_ATT_SCORES8_FNS(f32, LC_KV_F32)
 LC_ATT_SCORES8_FNS(f16, LC_KV_F16)
-LC_ATT_SCORES8_FNS(q8_0, LC_KV_Q8_0)
-LC_ATT_SCORES8_FNS(q4_0, LC_KV_Q4_0)
 
 LC_ATT_INLINE void lc_att_scores8_call(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
                                        float *scores, int fmt) {
-    (fmt == LC_KV_F32    ? lc_att_scores8_f32
-     : fmt == LC_KV_F16  ? lc_att_scores8_f16
-     : fmt == LC_KV_Q8_0 ? lc_att_scores8_q8_0
-                         : lc_att_scores8_q4_0)(q, K, j, hd, scale, scores);
+    (fmt == LC_KV_F32 ? lc_att_scores8_f32 : lc_att_scores8_f16)(q, K, j, hd, scale, scores);
 }
 
 LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const void *K, ptrdiff_t j,
                                          ptrdiff_t hd, float scale, float *sa, float *sb, int fmt) {
-    (fmt == LC_KV_F32    ? lc_att_scores8x2_f32
-     : fmt == LC_KV_F16  ? lc_att_scores8x2_f16
-     : fmt == LC_KV_Q8_0 ? lc_att_scores8x2_q8_0
-                         : lc_att_scores8x2_q4_0)(qa, qb, K, j, hd, scale, sa, sb);
+    (fmt == LC_KV_F32 ? lc_att_scores8x2_f32 : lc_att_scores8x2_f16)(qa, qb, K, j, hd, scale, sa, sb);
 }
 #endif
 
@@ -500,7 +616,7 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
  * is loaded, measured slower on the AMD EPYC (AVX-512, 2 cores) this was written on: the K blocks 1.15x,
  * K and V 1.35x the per-head kernel's time over one Gemma 3 layer's 512-token prompt; the stores and
  * reloads cost more than the conversions saved. */
-LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const void *V, ptrdiff_t first,
+LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const float *dq, const void *K, const void *V, ptrdiff_t first,
                                         ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
                                         float *scores, ptrdiff_t ss, float *out, int fmt) {
 #if LC_ATT_SIMD
@@ -510,18 +626,29 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
     /* heads four at a time where the rows are quantized (lc_att_scores8x4), then two, then one */
     const ptrdiff_t G4 = LC_KV_QUANT(fmt) ? G / 4 * 4 : 0;
     ptrdiff_t j = first, g;
-    for (; j + 8 <= n; j += 8) {
-        for (g = 0; g < G4; g += 4)
-            (fmt == LC_KV_Q8_0 ? lc_att_scores8x4_q8_0 : lc_att_scores8x4_q4_0)(q + g * hd, K, j, hd, scale,
-                                                                              scores + g * ss, ss);
-        for (; g + 2 <= G; g += 2)
-            lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, scores + g * ss,
-                                  scores + (g + 1) * ss, fmt);
-        if (g < G) lc_att_scores8_call(q + g * hd, K, j, hd, scale, scores + g * ss, fmt);
+    if (LC_KV_QUANT(fmt)) { /* integer dot products with the quantized query, heads four, two, one at a time */
+        const ptrdiff_t qs = hd / 32 * LC_QQ_BYTES, nb = hd / 32;
+        for (; j + 8 <= n; j += 8) {
+            for (g = 0; g < G4; g += 4)
+                LC_ATTQ_CALL(4, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
+            for (; g + 2 <= G; g += 2)
+                LC_ATTQ_CALL(2, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
+            if (g < G) LC_ATTQ_CALL(1, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
+        }
+        for (; j < n; j++)
+            for (g = 0; g < G; g++)
+                scores[g * ss + j] = lc_attq_dot(qq + g * qs, dq + g * nb, (const char *)K + j * rb, hd, fmt) * scale;
+    } else {
+        for (; j + 8 <= n; j += 8) {
+            for (g = 0; g + 2 <= G; g += 2)
+                lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, scores + g * ss,
+                                      scores + (g + 1) * ss, fmt);
+            if (g < G) lc_att_scores8_call(q + g * hd, K, j, hd, scale, scores + g * ss, fmt);
+        }
+        for (; j < n; j++)
+            for (g = 0; g < G; g++)
+                scores[g * ss + j] = lc_att_dot(q + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
     }
-    for (; j < n; j++)
-        for (g = 0; g < G; g++)
-            scores[g * ss + j] = lc_att_dot(q + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
     for (j = first; j < n; j += vrows) {
         const ptrdiff_t nr = n - j < vrows ? n - j : vrows;
@@ -536,44 +663,50 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const void *K, const voi
     }
     for (g = 0; g < G; g++) lc_att_scale(out + g * hd, hd, inv[g]);
 #else
-    (void)q, (void)K, (void)V, (void)first, (void)last, (void)hd, (void)G, (void)scale, (void)softcap;
+    (void)q, (void)qq, (void)dq, (void)K, (void)V, (void)first, (void)last, (void)hd, (void)G, (void)scale, (void)softcap;
     (void)scores, (void)ss, (void)out, (void)fmt;
 #endif
 }
 
 /* G query heads sharing one KV head (the layout of lc_attend_group_pass, any G >= 1): grouped where the
  * SIMD kernel runs, else lc_attend_impl head by head. */
-LC_ATT_INLINE void lc_attend_group_impl(const float *q, const void *K, const void *V, ptrdiff_t first,
-                                        ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale, float softcap,
-                                        float *scores, ptrdiff_t ss, float *out, int fmt) {
+LC_ATT_INLINE void lc_attend_group_impl(const float *q, const char *qq, const void *K, const void *V,
+                                        ptrdiff_t first, ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale,
+                                        float softcap, float *scores, ptrdiff_t ss, float *out, int fmt) {
+    const ptrdiff_t qs = LC_KV_QUANT(fmt) ? hd / 32 * LC_QQ_BYTES : 0, nb = LC_KV_QUANT(fmt) ? hd / 32 : 0;
+    /* the query blocks' scales as floats, head g's at dq + g * nb */
+    float dq[LC_KV_QUANT(fmt) ? G * nb : 1];
+    for (ptrdiff_t b = 0; b < G * nb; b++) dq[b] = _cvtsh_ss(lc_kvq_d(qq + b * LC_QQ_BYTES));
     if (LC_ATT_SIMD && G > 1 && hd % 8 == 0) {
         for (ptrdiff_t g0 = 0; g0 < G; g0 += LC_ATT_GROUP_MAX)
-            lc_attend_group_pass(q + g0 * hd, K, V, first, last, hd,
+            lc_attend_group_pass(q + g0 * hd, qq + g0 * qs, dq + g0 * nb, K, V, first, last, hd,
                                  G - g0 < LC_ATT_GROUP_MAX ? G - g0 : LC_ATT_GROUP_MAX, scale, softcap,
                                  scores + g0 * ss, ss, out + g0 * hd, fmt);
         return;
     }
     for (ptrdiff_t g = 0; g < G; g++)
-        lc_attend_impl(q + g * hd, K, V, first, last, hd, scale, softcap, scores + g * ss, out + g * hd, fmt);
+        lc_attend_impl(q + g * hd, qq + g * qs, dq + g * nb, K, V, first, last, hd, scale, softcap, scores + g * ss,
+                       out + g * hd, fmt);
 }
 
 /* The entry point: one instance of the kernel per row format (an unknown fmt does nothing; ops.pxd's
  * callers pass KV_*). */
-static void lc_attend_group(const float *q, const void *K, const void *V, ptrdiff_t first, ptrdiff_t last,
+static void lc_attend_group(const float *q, const char *qq, const void *K, const void *V, ptrdiff_t first,
+                            ptrdiff_t last,
                             ptrdiff_t hd, ptrdiff_t G, float scale, float softcap, float *scores,
                             ptrdiff_t ss, float *out, int fmt) {
     switch (fmt) {
     case LC_KV_F32:
-        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_F32);
+        lc_attend_group_impl(q, qq, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_F32);
         break;
     case LC_KV_F16:
-        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_F16);
+        lc_attend_group_impl(q, qq, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_F16);
         break;
     case LC_KV_Q8_0:
-        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_Q8_0);
+        lc_attend_group_impl(q, qq, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_Q8_0);
         break;
     case LC_KV_Q4_0:
-        lc_attend_group_impl(q, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_Q4_0);
+        lc_attend_group_impl(q, qq, K, V, first, last, hd, G, scale, softcap, scores, ss, out, LC_KV_Q4_0);
         break;
     }
 }

@@ -8,6 +8,7 @@ independent partial sums, so they vectorise even without it (the portable build)
 
 from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
 from libc.stdint cimport uint8_t, uint16_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from llamacy.kernels.blocks cimport block_q4_0
@@ -18,7 +19,8 @@ from llamacy.kernels.simd cimport _cvtss_sh
 cdef extern from "attention.h" nogil:
     float lc_dot_f32(const float* a, const float* b, Py_ssize_t n)
     Py_ssize_t lc_kv_row_bytes(int fmt, Py_ssize_t hd)
-    void lc_attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
+    void lc_attend_group(const float* q, const char* qq, const void* K, const void* V, Py_ssize_t first,
+                         Py_ssize_t last,
                          Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores,
                          Py_ssize_t ss, float* out, int fmt)
 
@@ -115,6 +117,9 @@ cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil:
         x[i] *= s
 
 
+DEF QBUF_BYTES = 8704  # 16 query heads of 512 values as Q8_0 blocks
+
+
 cdef Py_ssize_t kv_row_bytes(int kv_fmt, Py_ssize_t n) noexcept nogil:
     return lc_kv_row_bytes(kv_fmt, n)
 
@@ -130,7 +135,32 @@ cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t 
     floats; head h's output is bit for bit what the one-head kernel (n_heads == 1) gives for
     q + h * head_dim. scores: n_heads rows of scores_stride >= last+1 floats.
     """
-    lc_attend_group(q, K, V, first, last, head_dim, n_heads, scale, softcap, scores, scores_stride, out, kv_fmt)
+    # Over quantized rows the scores are integer dot products with each query head quantized to Q8_0 blocks
+    # (ggml's quantize_row_q8_0 reference: quantize_rows.pyx, built without -ffast-math), heads in chunks
+    # that fit qbuf; a head's output does not depend on the heads beside it in a call.
+    cdef char qbuf[QBUF_BYTES]
+    cdef char* qq = qbuf
+    cdef Py_ssize_t qs, chunk, g0, G
+    if kv_fmt != KV_Q8_0 and kv_fmt != KV_Q4_0:
+        lc_attend_group(q, NULL, K, V, first, last, head_dim, n_heads, scale, softcap, scores, scores_stride, out,
+                        kv_fmt)
+        return
+    qs = head_dim // 32 * 34
+    chunk = QBUF_BYTES // qs
+    if chunk == 0:
+        qq = <char*>malloc(qs)
+        if qq == NULL:
+            return
+        chunk = 1
+    g0 = 0
+    while g0 < n_heads:
+        G = n_heads - g0 if n_heads - g0 < chunk else chunk
+        q_q8_0(q + g0 * head_dim, qq, G * head_dim, False)
+        lc_attend_group(q + g0 * head_dim, qq, K, V, first, last, head_dim, G, scale, softcap,
+                        scores + g0 * scores_stride, scores_stride, out + g0 * head_dim, kv_fmt)
+        g0 += G
+    if qq != qbuf:
+        free(qq)
 
 
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil:

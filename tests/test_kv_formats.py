@@ -50,7 +50,9 @@ def _quantized_query(q):
     """The query as the kernel scores it over quantized K rows: each head's values quantized to Q8_0 blocks
     (ggml's quantize_row_q8_0 reference, as gguf's quantizer) and dequantized."""
     Q8 = gguf.GGMLQuantizationType.Q8_0
-    return quants.dequantize(quants.quantize(np.ascontiguousarray(q, dtype=np.float32), Q8), Q8).reshape(q.shape)
+    return quants.dequantize(quants.quantize(np.ascontiguousarray(q, dtype=np.float32), Q8), Q8).reshape(
+        q.shape
+    )
 
 
 def _reference(q, Kd, Vd, first, last, scale, softcap):

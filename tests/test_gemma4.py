@@ -132,30 +132,16 @@ def test_memory_shared_layers_keep_nothing_and_sliding_layers_their_window(model
 
 
 def test_sequences_batched_together_equal_each_alone(model, tmp_path) -> None:
-    from llamacy.gguf import GGUFFile
-    from llamacy.model import Model
+    from tests.batching import interleaved
 
     path = write_llama_cpp_gguf(model, tmp_path / "twin.gguf")
     n_vocab = model.config["vocab_size"]
-    a, b = _ids(n_vocab, 12, seed=4), _ids(n_vocab, 9, seed=5)
-    alone = [Llama(path, n_threads=1, n_ctx=64).logits(s) for s in (a, b)]
-    m = Model(GGUFFile(path), n_ctx=64, n_threads=1, n_seq=2)
-    m.eval_batch(np.array(a[:5]), np.arange(5), np.zeros(5), np.array([], np.int32))
-    m.eval_batch(np.array(b[:3]), np.arange(3), np.ones(3), np.array([], np.int32))
-    outs: dict[int, list[np.ndarray]] = {0: [], 1: []}
-    for step in range(7):
-        toks, pos, seq = [], [], []
-        for s, ids, start in ((0, a, 5), (1, b, 3)):
-            if start + step < len(ids):
-                toks.append(ids[start + step])
-                pos.append(start + step)
-                seq.append(s)
-        out = m.eval_batch(np.array(toks), np.array(pos), np.array(seq), np.arange(len(toks)))
-        for row, s in enumerate(seq):
-            outs[s].append(out[row])
+    got_a, got_b, want_a, want_b = interleaved(
+        path, _ids(n_vocab, 12, seed=4), _ids(n_vocab, 9, seed=5), steps=7
+    )
     # The numerics contract: a sequence batched with another gives the bits it gives alone.
-    np.testing.assert_array_equal(np.stack(outs[0]), alone[0][5:])
-    np.testing.assert_array_equal(np.stack(outs[1]), alone[1][3:])
+    np.testing.assert_array_equal(got_a, want_a)
+    np.testing.assert_array_equal(got_b, want_b)
 
 
 def test_every_declared_tensor_is_named_from_the_gguf_table(model, tmp_path) -> None:

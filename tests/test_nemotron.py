@@ -218,25 +218,9 @@ def test_half_kv_cache_matches_oracle_with_half_kv(tmp_path) -> None:
 def test_sequences_batched_together_equal_each_alone(tmp_path) -> None:
     """Two sequences decoded in one batch (as the server does) give what each gives alone (the pattern of
     test_forward.py's test of the same name)."""
-    from llamacy.gguf import GGUFFile
-    from llamacy.model import Model
+    from tests.batching import interleaved
 
     path = write_tiny_model(tmp_path / "m.gguf", "nemotron", wtype=QT.Q8_0, attn_bias=True, mlp_bias=True)
-    a, b = _ids(300, 9, seed=1), _ids(300, 6, seed=2)
-    alone = [Llama(path, n_threads=1).logits(s) for s in (a, b)]
-    m = Model(GGUFFile(path), n_ctx=64, n_threads=1, n_seq=2)
-    m.eval_batch(np.array(a[:5]), np.arange(5), np.zeros(5), np.array([], np.int32))
-    m.eval_batch(np.array(b[:3]), np.arange(3), np.ones(3), np.array([], np.int32))
-    outs: dict[int, list[np.ndarray]] = {0: [], 1: []}
-    for step in range(4):
-        toks, pos, seq = [], [], []
-        for s, ids, start in ((0, a, 5), (1, b, 3)):
-            if start + step < len(ids):
-                toks.append(ids[start + step])
-                pos.append(start + step)
-                seq.append(s)
-        out = m.eval_batch(np.array(toks), np.array(pos), np.array(seq), np.arange(len(toks)))
-        for row, s in enumerate(seq):
-            outs[s].append(out[row])
-    np.testing.assert_allclose(np.stack(outs[0]), alone[0][5:], atol=1e-4, rtol=1e-5)
-    np.testing.assert_allclose(np.stack(outs[1]), alone[1][3:], atol=1e-4, rtol=1e-5)
+    got_a, got_b, want_a, want_b = interleaved(path, _ids(300, 9, seed=1), _ids(300, 6, seed=2), steps=4)
+    np.testing.assert_allclose(got_a, want_a, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(got_b, want_b, atol=1e-4, rtol=1e-5)

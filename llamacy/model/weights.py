@@ -41,12 +41,6 @@ class ModelWeights:
     layers: list[dict[str, Matrix | Vector | None]]
     specs: list[LayerSpec]
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.fields[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
 
 class WeightBinder:
     """Binds the tensors an architecture declares (archs/): each found by its GGUF name, its shape and

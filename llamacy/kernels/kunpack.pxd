@@ -55,6 +55,18 @@ cdef inline __m128i k3_scales(const uint8_t* packed) noexcept nogil:
         <int>((a0 & 0x0f0f0f0f) | ((a2 & 0x03030303) << 4)))
 
 
+# The 64 quants of sub-blocks 2j and 2j+1 of a Q4_K/Q5_K super-block, as bytes: the low nibbles of
+# qs[32j..32j+32) in a, the high ones in c, each with Q5_K's fifth bit from hb (its qh, loaded once).
+cdef inline void k45_quants(const k45block* b, int j, __m256i hb, __m256i* a, __m256i* c) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
+    a[0] = _mm256_and_si256(v, m4)
+    c[0] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
+    if k45block is block_q5_K:
+        a[0] = _mm256_or_si256(a[0], _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
+        c[0] = _mm256_or_si256(c[0], _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
+
+
 # One super-block: its 256 u bytes into u, the 16 group scales sc_g (int16) into S, the offsets off_g
 # into O, and d, doff. For Q4_K/Q5_K, whose scales belong to 32-value sub-blocks, S holds each twice, so
 # that read as 8 int32 lanes it is (sc_j << 16 | sc_j) per sub-block j.
@@ -90,13 +102,10 @@ cdef inline void unpack_k(const kblock* b, uint8_t* u, __m256i* S, __m256i* O, f
     elif kblock is block_q4_K or kblock is block_q5_K:
         if kblock is block_q5_K:
             hb = _mm256_loadu_si256(<const __m256i*>b.qh)
+        else:
+            hb = _mm256_setzero_si256()  # Q4_K has no fifth bits
         for j in range(4):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
-            a = _mm256_and_si256(v, m4)
-            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-            if kblock is block_q5_K:
-                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
-                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
+            k45_quants(b, j, hb, &a, &c)
             _mm256_storeu_si256(<__m256i*>(u + 64 * j), a)
             _mm256_storeu_si256(<__m256i*>(u + 64 * j + 32), c)
         # each 32-value sub-block spans two 16-value groups: repeat every scale and min twice

@@ -17,7 +17,7 @@
 from libc.stdint cimport int16_t, int32_t, uint8_t
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.kunpack cimport k4_scales_mins, move_bit, unpack_k
+from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, move_bit, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.values cimport fvalue
 
@@ -270,13 +270,10 @@ cdef inline __m256 kdec(const kblock* b, const block_q8k* y, __m256 acc) noexcep
         O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
         if kblock is block_q5_K:
             hb = _mm256_loadu_si256(<const __m256i*>b.qh)
+        else:
+            hb = _mm256_setzero_si256()  # Q4_K has no fifth bits
         for j in range(4):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
-            a = _mm256_and_si256(v, m4)
-            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-            if kblock is block_q5_K:
-                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
-                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
+            k45_quants(b, j, hb, &a, &c)
             sumi = kstep(sumi, a, y, 2 * j, _mm256_set1_epi32(s32[2 * j]))
             sumi = kstep(sumi, c, y, 2 * j + 1, _mm256_set1_epi32(s32[2 * j + 1]))
         d = fp16(b.d)

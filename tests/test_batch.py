@@ -125,7 +125,10 @@ def test_garbage_in_the_middle_of_results_is_not_appended_to(tmp_path):
 def test_kill_9_mid_batch_then_resume(model_path, tmp_path):
     """A hard crash loses at most the items in flight; the rerun completes every id exactly once."""
     prompts = tmp_path / "p.txt"
-    prompts.write_text("".join(f"item {i} says hello\n" for i in range(40)))
+    # Many items: the tiny model finishes one in about a millisecond on a quiet machine, and 40 of them
+    # could all be written between two polls, leaving no batch to crash in the middle of.
+    n_items = 400
+    prompts.write_text("".join(f"item {i} says hello\n" for i in range(n_items)))
     out = tmp_path / "r.jsonl"
     env = _env()
     cmd = _batch_cmd(
@@ -135,15 +138,15 @@ def test_kill_9_mid_batch_then_resume(model_path, tmp_path):
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
-        time.sleep(0.05)
+        time.sleep(0.005)
     p.send_signal(signal.SIGKILL)
     p.wait()
     before = _lines(out)
-    assert 3 <= len(before) < 40, "the crash should land mid-batch"
+    assert 3 <= len(before) < n_items, "the crash should land mid-batch"
     r = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr
     after = _lines(out)
-    assert sorted(x["id"] for x in after) == list(range(1, 41))
+    assert sorted(x["id"] for x in after) == list(range(1, n_items + 1))
     assert after[: len(before)] == before  # earlier lines untouched
 
 

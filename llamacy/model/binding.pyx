@@ -11,7 +11,7 @@ from libc.stdlib cimport calloc, free
 
 from llamacy.kernels.quant cimport act_format
 from llamacy.model.layout cimport (FFN_DENSE_MOE, FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION,
-                                   MIXER_NONE)
+                                   MIXER_DELTANET, MIXER_MAMBA2, MIXER_NONE)
 
 cdef LayerT _probe
 
@@ -44,7 +44,7 @@ VECTORS = {
 # LayerT's fields set from the layer's recipe rather than from tensors.
 SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale", "n_head_kv", "head_dim", "n_rot",
             "kv_shared", "v_norm", "rope_freqs")
-_MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION}
+_MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION, "deltanet": MIXER_DELTANET, "mamba2": MIXER_MAMBA2}
 _FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE,
          "dense_moe": FFN_DENSE_MOE}
 # Model-level fields BoundWeights reads.

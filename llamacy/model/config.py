@@ -19,13 +19,18 @@ ROPE_NEOX = 2  # rotate halves: qwen2/3, gemma3, nemotron
 
 # Block kinds (the layer loop dispatches on them; layout.pxd has their C twins, in the same order).
 NORMS = ("rms", "layer")  # RMSNorm; LayerNorm with bias
-MIXERS = ("none", "attention")  # attention: full, or sliding-window when the layer's window > 0
+# attention: full, or sliding-window when the layer's window > 0; deltanet: gated delta-net linear attention
+# (Qwen3-Next, Qwen3.5); mamba2: a Mamba2 selective scan (Nemotron-H). The last two keep a recurrent state.
+MIXERS = ("none", "attention", "deltanet", "mamba2")
+RECURRENT_MIXERS = ("deltanet", "mamba2")
 # moe: plus a shared expert when n_ff_shexp > 0; dense_moe: a gated FFN and a mixture summed (Gemma 4)
 FFNS = ("none", "gated", "ungated", "moe", "dense_moe")
 ACTIVATIONS = ("silu", "gelu", "relu2")  # gelu: the tanh approximation; relu2: relu(x)^2
-# What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only, or
-# nothing of its own because it reads an earlier layer's K/V (Gemma 4's shared-KV layers).
+# What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only, nothing
+# of its own because it reads an earlier layer's K/V (Gemma 4's shared-KV layers), or a fixed-size
+# recurrent state (a delta-net's or Mamba2's: its convolution's last inputs and the scan's state).
 MEMORY_NONE, MEMORY_KV, MEMORY_WINDOW, MEMORY_SHARED = "none", "kv", "window", "shared"
+MEMORY_RECURRENT = "recurrent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +50,10 @@ class LayerSpec:
     n_ff: int = 0
     kv_from: int = -1  # >= 0: computes only Q and attends over that earlier layer's K/V rows
     rope_freqs: bool = True  # divides its RoPE frequencies by the model's rope_freqs (where the file has it)
+    # A recurrent mixer's state per sequence, in float32 values: its convolution's carried inputs, then
+    # the scan's state (the mixer's module documents the layout). 0 for other mixers.
+    state_conv: int = 0
+    state_ssm: int = 0
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS or self.ffn not in FFNS:
@@ -52,6 +61,8 @@ class LayerSpec:
 
     @property
     def memory(self) -> str:
+        if self.mixer in RECURRENT_MIXERS:
+            return MEMORY_RECURRENT
         if self.mixer != "attention":
             return MEMORY_NONE
         if self.kv_from >= 0:
@@ -94,6 +105,20 @@ class ModelConfig:
     layer_n_ff: list[int] = field(default_factory=list)
     layer_kv_from: list[int] = field(default_factory=list)
     layer_rope_freqs: list[bool] = field(default_factory=list)
+    # Per layer: the mixer (config.MIXERS; default attention) and a recurrent mixer's state sizes.
+    layer_mixer: list[str] = field(default_factory=list)
+    layer_state_conv: list[int] = field(default_factory=list)
+    layer_state_ssm: list[int] = field(default_factory=list)
+    # State-space / linear-attention shapes (GGUF {arch}.ssm.*), as llama.cpp maps both recurrent families
+    # onto them: conv_kernel (the causal convolution's width), inner_size (Mamba2's d_inner; the delta-net's
+    # value width, value heads x head size), state_size (Mamba2's d_state; the delta-net's key head size),
+    # group_count (Mamba2's B/C groups; the delta-net's key heads), time_step_rank (Mamba2's heads; the
+    # delta-net's value heads). 0: the model has no recurrent layers.
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
     v_norm: bool = False  # V rows RMS-normed without a weight (Gemma 4)
     n_embd_per_layer: int = 0  # per-layer embeddings' width (Gemma 4 E2B/E4B); 0: none
     # Mixture of experts (0 experts: a dense model). Each layer routes a token to n_expert_used of
@@ -122,11 +147,16 @@ class ModelConfig:
             ("layer_n_ff", self.n_ff),
             ("layer_kv_from", -1),
             ("layer_rope_freqs", True),
+            ("layer_mixer", "attention"),
+            ("layer_state_conv", 0),
+            ("layer_state_ssm", 0),
         ):
             if not getattr(self, name):
                 setattr(self, name, [value] * self.n_layer)
         if self.norm not in NORMS or self.activation not in ACTIVATIONS:
             raise ValueError(f"unknown norm {self.norm!r} or activation {self.activation!r}")
+        if any(m not in MIXERS for m in self.layer_mixer):
+            raise ValueError(f"unknown mixer in {self.layer_mixer}")
         # The loop's activations: act(gate) * up for a gated FFN, relu(up)^2 for an ungated one.
         for ffn in set(self.layer_ffn):
             if ffn not in FFNS or (
@@ -139,7 +169,7 @@ class ModelConfig:
         """Each layer's recipe."""
         return [
             LayerSpec(
-                "attention",
+                self.layer_mixer[i],
                 self.layer_ffn[i],
                 self.layer_window[i],
                 self.layer_rope_base[i],
@@ -150,6 +180,8 @@ class ModelConfig:
                 self.layer_n_ff[i],
                 self.layer_kv_from[i],
                 self.layer_rope_freqs[i],
+                self.layer_state_conv[i],
+                self.layer_state_ssm[i],
             )
             for i in range(self.n_layer)
         ]
@@ -161,12 +193,12 @@ class ModelConfig:
     def widest(self) -> dict[str, int]:
         """The widest layer's activations (the scratch is sized by them): q and KV row widths, query heads
         per KV head, feed-forward width, rotary dimensions."""
-        specs = self.layers
+        specs = [s for s in self.layers if s.mixer == "attention"] or self.layers[:1]
         return dict(
             q=max(self.n_head * s.head_dim for s in specs),
             kv=max(s.n_head_kv * s.head_dim for s in specs),
             group=max(self.n_head // s.n_head_kv for s in specs),
-            n_ff=max(s.n_ff for s in specs),
+            n_ff=max(s.n_ff for s in self.layers),
             n_rot=max(s.n_rot for s in specs),
         )
 
@@ -189,6 +221,7 @@ class ModelConfig:
         groups: dict[tuple[str, str, int, str], dict[str, Any]] = {}
         for spec in self.layers:
             key = (spec.mixer, spec.ffn, spec.window, spec.memory)
+            state = 4 * (spec.state_conv + spec.state_ssm)
             if key not in groups:
                 groups[key] = {
                     "mixer": spec.mixer,
@@ -196,10 +229,20 @@ class ModelConfig:
                     "window": spec.window,
                     "memory": spec.memory,
                     "positions": kv_slots(spec, n_ctx, ubatch),
+                    "state_bytes": state,
                     "count": 0,
                 }
             groups[key]["count"] += 1
         return list(groups.values())
+
+    @property
+    def state_bytes(self) -> int:
+        """One sequence's recurrent state in every layer that keeps one (bytes; 0 for attention-only)."""
+        return 4 * sum(s.state_conv + s.state_ssm for s in self.layers)
+
+    @property
+    def recurrent(self) -> bool:
+        return any(m in RECURRENT_MIXERS for m in self.layer_mixer)
 
     def kv_bytes(self, n_ctx: int, n_seq: int = 1, kv_type: str = "f16", ubatch: int = 256) -> int:
         """Memory of the K/V rows of kv_type (kv_types.KV_TYPE_NAMES) for n_ctx positions of n_seq sequences:

@@ -25,8 +25,8 @@ from llamacy.model.binding cimport BoundWeights
 from llamacy.model.dense_moe cimport dense_moe_ffn
 from llamacy.model.ffn cimport dense_ffn
 from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_DENSE_MOE, FFN_MOE, FFN_NONE, HParams,
-                                   KVRows, LayerT,
-                                   MIXER_ATTENTION, NORM_LAYER, NORM_RMS, Scratch, WeightT)
+                                   KVRows, LayerT, MIXER_ATTENTION, MIXER_NONE, NORM_LAYER, NORM_RMS, Scratch,
+                                   StateRows, WeightT)
 from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
 from llamacy.model.norms cimport norm_row
 from llamacy.model.per_layer_embd cimport PleSpace
@@ -55,13 +55,35 @@ cdef enum:
     UBATCH_MIN_TOKENS = 16
 
 
-# One layer's memory as the loop reads it (memory.py's arrays): K and V rows, NULL for a layer without.
+# One layer's memory as the loop reads it (memory.py's arrays): K and V rows, NULL for a layer without;
+# a recurrent layer's states (NULL for others).
 ctypedef struct LayerMem:
     char* k
     char* v
     Py_ssize_t slots
     Py_ssize_t ring
     Py_ssize_t row_bytes
+    float* state
+    Py_ssize_t floats
+    Py_ssize_t conv
+
+
+cdef void mark_snapshots(const int32_t* seq, Py_ssize_t n, Py_ssize_t n_snap, Py_ssize_t* count,
+                         Py_ssize_t n_seq, uint8_t* snap) noexcept nogil:
+    """snap[t] = 1 for the last n_snap tokens of every sequence with more than one token among the n
+    (memory.py: the states a rejected draft goes back to); count is scratch of 2 * n_seq."""
+    cdef Py_ssize_t t, s
+    cdef Py_ssize_t* left = count + n_seq
+    for s in range(n_seq):
+        count[s] = 0
+    for t in range(n):
+        count[seq[t]] += 1
+    for s in range(n_seq):
+        left[s] = count[s]
+    for t in range(n):
+        s = seq[t]
+        snap[t] = 1 if count[s] > 1 and left[s] <= n_snap else 0
+        left[s] -= 1
 
 
 cdef class Forward:
@@ -73,6 +95,7 @@ cdef class Forward:
     cdef ScratchSpace scratch
     # The batch in flight: where its tokens meet a layer's memory, and the jobs that run on the thread team.
     cdef KVRows kv
+    cdef StateRows sr
     cdef RowJob rj
     cdef AttnJob aj
     cdef Products pr
@@ -83,6 +106,13 @@ cdef class Forward:
     cdef LayerMem* mem
     cdef object memory
     cdef Py_ssize_t n_seq, n_ctx
+    # Recurrent layers: which tokens of the micro-batch keep snapshots, where their positions are recorded
+    # (memory.snap_pos), and scratch for counting.
+    cdef bint recurrent
+    cdef object _snap_arrays
+    cdef uint8_t* snap
+    cdef int32_t* snap_pos
+    cdef Py_ssize_t* seq_count
 
     def __cinit__(self):
         self.mem = NULL
@@ -140,11 +170,23 @@ cdef class Forward:
         if mem == NULL:
             raise MemoryError()
         cdef uint8_t[::1] kb, vb
+        cdef float[::1] sb
         cdef Py_ssize_t l
         try:
             for l, lm in enumerate(memory.layers):
-                if self.w.layers[l].mixer == MIXER_ATTENTION and lm.k is None:
+                mixer = self.w.layers[l].mixer
+                if mixer == MIXER_ATTENTION and lm.k is None:
                     raise ValueError(f"layer {l} attends but its memory keeps no K/V rows")
+                if mixer not in (MIXER_ATTENTION, MIXER_NONE):
+                    if lm.state is None:
+                        raise ValueError(f"layer {l} is recurrent but its memory keeps no state")
+                    if lm.state.shape[:2] != (memory.n_seq, 1 + memory.n_snap) or lm.state.dtype != np.float32:
+                        raise ValueError(f"layer {l}'s state has the wrong shape")
+                    sb = lm.state.reshape(-1)
+                    mem[l].state = &sb[0]
+                    mem[l].floats = lm.state.shape[2]
+                    mem[l].conv = lm.conv
+                    continue
                 if lm.k is None:
                     continue
                 kb = lm.k.reshape(-1)
@@ -168,6 +210,22 @@ cdef class Forward:
         self.n_ctx = memory.n_ctx
         self.kv.fmt = memory.fmt
         self.aj.n_ctx = memory.n_ctx
+        self.recurrent = bool(memory.recurrent)
+        cdef uint8_t[::1] snap
+        cdef int32_t[::1] tags
+        cdef Py_ssize_t[::1] count
+        if self.recurrent:
+            if memory.snap_pos.shape != (memory.n_seq, max(memory.n_snap, 1)) or memory.snap_pos.dtype != np.int32:
+                raise ValueError("memory's snapshot positions have the wrong shape")
+            snap_arr = np.zeros(self.scratch.ubatch, np.uint8)
+            count_arr = np.zeros(2 * memory.n_seq, np.intp)
+            snap, tags, count = snap_arr, memory.snap_pos.reshape(-1), count_arr
+            self._snap_arrays = (snap_arr, count_arr, memory.snap_pos)
+            self.snap = &snap[0]
+            self.snap_pos = &tags[0]
+            self.seq_count = &count[0]
+            self.sr.snap = self.snap
+            self.sr.n_snap = memory.n_snap
 
     @property
     def ubatch_size(self) -> int:
@@ -211,6 +269,8 @@ cdef class Forward:
                 raise ValueError(f"position {pos[i]} outside the context (0..{self.n_ctx - 1})")
             if seq[i] < 0 or seq[i] >= self.n_seq:
                 raise ValueError(f"sequence {seq[i]} outside the memory (0..{self.n_seq - 1})")
+        if self.recurrent:
+            self._check_order(pos, seq)
         for i in range(logit_rows.shape[0]):
             if logit_rows[i] < 0 or logit_rows[i] >= n or (i and logit_rows[i] <= logit_rows[i - 1]):
                 raise ValueError("logit_rows must be ascending indices into the batch")
@@ -229,14 +289,43 @@ cdef class Forward:
                 lr_end += 1
             self.kv.pos = &pos[start]
             self.kv.seq = &seq[start]
+            self.sr.pos = &pos[start]
+            self.sr.seq = &seq[start]
+            if self.recurrent:
+                mark_snapshots(&seq[start], stop - start, self.sr.n_snap, self.seq_count, self.n_seq, self.snap)
             with nogil:
                 self._ubatch(&tokens[start], stop - start, &logit_rows[lr] if lr_end > lr else NULL,
                              lr_end - lr, start, lg + lr * width if lr_end > lr else NULL, hidden, nthreads)
+            if self.recurrent:
+                for i in range(start, stop):
+                    if self.snap[i - start]:
+                        self.snap_pos[seq[i] * self.sr.n_snap + pos[i] % self.sr.n_snap] = pos[i]
             lr = lr_end
             start = stop
             # A long prompt is many micro-batches: let Ctrl-C through between them.
             if start < n and PyErr_CheckSignals() != 0:
                 raise KeyboardInterrupt
+
+    def _check_order(self, const int32_t[::1] pos, const int32_t[::1] seq):
+        """A recurrent state holds its sequence's last position only: each sequence's tokens must continue
+        it, in order (a sequence at position 0 starts afresh)."""
+        cdef Py_ssize_t i
+        nxt = {}
+        for i in range(pos.shape[0]):
+            s = seq[i]
+            want = nxt.get(s)
+            if want is None:
+                want = len(self.memory.tokens[s])
+            if pos[i] != want and pos[i] != 0:
+                raise ValueError(f"sequence {s}: position {pos[i]} does not continue its recurrent state "
+                                 f"(at {want})")
+            nxt[s] = pos[i] + 1
+
+    cdef void _bind_state(self, Py_ssize_t l) noexcept nogil:
+        """Point self.sr at layer l's states."""
+        self.sr.state = self.mem[l].state
+        self.sr.floats = self.mem[l].floats
+        self.sr.conv = self.mem[l].conv
 
     cdef void _ubatch(self, const int32_t* tokens, Py_ssize_t n, const int32_t* out_rows, Py_ssize_t n_out,
                       Py_ssize_t row0, float* out, bint hidden, int nthreads) noexcept nogil:
@@ -269,17 +358,20 @@ cdef class Forward:
 
         for l in range(self.w.n_layer):
             L = &self.w.layers[l]
-            if L.mixer == MIXER_ATTENTION:
-                kv.kl = self.mem[l].k
-                kv.vl = self.mem[l].v
-                kv.slots = self.mem[l].slots
-                kv.ring = self.mem[l].ring
-                kv.row_bytes = self.mem[l].row_bytes
-                kv.n_head_kv = L.n_head_kv
-                kv.head_dim = L.head_dim
-                warm_kv(kv, n, L.n_head_kv, L.window)
+            if L.mixer != MIXER_NONE:
                 norm_rows(rj, s.x, L.attn_norm, L.attn_norm_b, s.xn, E, n, nthreads)
-                attention_mixer(pr, &self.aj, L, self.w.rope_freqs, n, nthreads)
+                if L.mixer == MIXER_ATTENTION:
+                    kv.kl = self.mem[l].k
+                    kv.vl = self.mem[l].v
+                    kv.slots = self.mem[l].slots
+                    kv.ring = self.mem[l].ring
+                    kv.row_bytes = self.mem[l].row_bytes
+                    kv.n_head_kv = L.n_head_kv
+                    kv.head_dim = L.head_dim
+                    warm_kv(kv, n, L.n_head_kv, L.window)
+                    attention_mixer(pr, &self.aj, L, self.w.rope_freqs, n, nthreads)
+                else:  # a recurrent mixer: its output into s.o, like attention's
+                    self._bind_state(l)
                 # x += post_attn_norm(o), then the feed-forward block's input norm, in one pass per token.
                 if L.ffn != FFN_NONE:
                     residual_rows(rj, s.x, s.o, L.post_attn_norm, L.ffn_norm, L.ffn_norm_b, s.xn, E, n, nthreads)

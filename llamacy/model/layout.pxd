@@ -1,6 +1,7 @@
 # The C records the layer loop's modules share (forward, binding, scratch, rowjobs, attention).
 # Declarations only: there is no layout module at run time.
 from libc.stdint cimport int32_t, uint8_t
+from libc.string cimport memcpy, memset
 
 # Block kinds, in config.py's order (NORMS, MIXERS, FFNS, ACTIVATIONS).
 cdef enum:
@@ -15,6 +16,8 @@ cdef enum:
 cdef enum:
     MIXER_NONE = 0
     MIXER_ATTENTION = 1
+    MIXER_DELTANET = 2
+    MIXER_MAMBA2 = 3
 
 cdef enum:
     FFN_NONE = 0
@@ -34,6 +37,8 @@ ctypedef struct HParams:
     # Mixture of experts (n_expert 0: dense): see ModelConfig.
     Py_ssize_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp
     bint expert_norm
+    # Recurrent mixers' shapes (ModelConfig.ssm_*; 0 without recurrent layers).
+    Py_ssize_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_dt_rank
 
 # One weight matrix as the kernels see it: `rows` stored rows of `cols` values of GGML type `type`.
 ctypedef struct WeightT:
@@ -154,3 +159,45 @@ cdef inline Py_ssize_t first_visible(Py_ssize_t p, Py_ssize_t window) noexcept n
     if window > 0 and p - window + 1 > 0:
         return p - window + 1
     return 0
+
+
+# Where a micro-batch's tokens meet one recurrent layer's state (memory.py): per sequence, the live state
+# (`floats` values: the convolution's carried inputs, `conv` of them, then the scan's state) followed by
+# n_snap snapshot slots. A recurrent mixer runs each sequence's tokens in batch order (their positions are
+# consecutive: Forward.eval checks), through these two calls per token:
+#   st = state_begin(sr, t)   the live state of token t's sequence, zeroed first when t is at position 0
+#   ... update st with token t ...
+#   state_end(sr, t, st)      keep a copy in the snapshot slot of t's position when sr.snap[t] says so
+# The snapshots let a sequence go back up to n_snap - 1 tokens (a rejected speculative draft): the
+# forward loop marks the last n_snap tokens of every sequence that has more than one in the micro-batch.
+# A mixer that updates parts of the state in separate passes (the convolution for every token, then each
+# head's scan over the tokens, in parallel) copies each part after token t into the same part of
+# snapshot_slot(sr, t) instead of calling state_end.
+ctypedef struct StateRows:
+    const int32_t* pos        # per token of the micro-batch (KVRows' arrays)
+    const int32_t* seq
+    const uint8_t* snap       # per token: 1 = copy its state into a snapshot slot after it
+    float* state              # this layer's [n_seq, 1 + n_snap, floats]
+    Py_ssize_t floats
+    Py_ssize_t conv
+    Py_ssize_t n_snap
+
+
+cdef inline float* state_begin(const StateRows* sr, Py_ssize_t t) noexcept nogil:
+    cdef float* st = sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
+    if sr.pos[t] == 0:
+        memset(st, 0, sr.floats * sizeof(float))
+    return st
+
+
+cdef inline float* snapshot_slot(const StateRows* sr, Py_ssize_t t) noexcept nogil:
+    """Token t's snapshot slot (the same layout as the live state), or NULL when t keeps none."""
+    if not sr.snap[t] or sr.n_snap == 0:
+        return NULL
+    return sr.state + (sr.seq[t] * (1 + sr.n_snap) + 1 + sr.pos[t] % sr.n_snap) * sr.floats
+
+
+cdef inline void state_end(const StateRows* sr, Py_ssize_t t, const float* st) noexcept nogil:
+    cdef float* slot = snapshot_slot(sr, t)
+    if slot != NULL:
+        memcpy(slot, st, sr.floats * sizeof(float))

@@ -57,7 +57,14 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "layer_mix": cfg.layer_mix(n_ctx),
         "kv_type": kv_type,
         # Every expert is mapped (weights counts them all); a token reads read_per_token of them.
-        "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv, "read_per_token": read},
+        # A recurrent layer's state (delta-net, Mamba2) per sequence, whatever the context's length.
+        "memory": {
+            "weights": weights,
+            "kv_cache": kv,
+            "recurrent_state": cfg.state_bytes,
+            "total": weights + kv + cfg.state_bytes,
+            "read_per_token": read,
+        },
     }
 
 
@@ -106,7 +113,13 @@ def info(
         (
             "memory",
             f"{_size(d['memory']['total'])} at --ctx-size {d['ctx_size']} "
-            f"(weights {_size(d['memory']['weights'])} + {d['kv_type']} KV cache {_size(d['memory']['kv_cache'])})",
+            f"(weights {_size(d['memory']['weights'])} + {d['kv_type']} KV cache {_size(d['memory']['kv_cache'])}"
+            + (
+                f" + recurrent state {_size(d['memory']['recurrent_state'])}"
+                if d["memory"]["recurrent_state"]
+                else ""
+            )
+            + ")",
         ),
     ]
     if d["experts"]:
@@ -131,12 +144,15 @@ def _expert_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _layer_mix(d: dict[str, Any]) -> str:
     parts = []
+    names = {"attention": "attention", "deltanet": "gated delta-net", "mamba2": "Mamba2", "none": "no mixer"}
     for g in d["layer_mix"]:
-        what = "attention" if g["mixer"] == "attention" else "no mixer"
+        what = names.get(g["mixer"], g["mixer"])
         if g["window"]:
             what = f"sliding-window attention ({g['window']})"
         kept = (
-            f"keeps {g['positions']} of {d['ctx_size']} positions"
+            f"keeps a {_size(g['state_bytes'])} state per sequence at any length"
+            if g["memory"] == "recurrent"
+            else f"keeps {g['positions']} of {d['ctx_size']} positions"
             if g["memory"] not in ("none", "shared")
             else "reads an earlier layer's K/V, keeps nothing"
             if g["memory"] == "shared"

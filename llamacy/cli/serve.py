@@ -159,11 +159,11 @@ def serve(
         d = describe(source, ctx_size, kv_type)
         mem = d["memory"]
         ctx_of.append(d["ctx_size"])
-        footprint = mem["weights"] + mem["kv_cache"] * parallel
+        footprint = mem["weights"] + (mem["kv_cache"] + mem["recurrent_state"]) * parallel
         if budget is not None and footprint > budget:
             raise UsageError(
-                f"model {name!r} needs about {footprint / 2**20:.0f} MiB (weights + KV cache of {parallel} "
-                f"sequences) but --max-memory is {budget / 2**20:.0f} MiB"
+                f"model {name!r} needs about {footprint / 2**20:.0f} MiB (weights + KV cache and state of "
+                f"{parallel} sequences) but --max-memory is {budget / 2**20:.0f} MiB"
             )
         specs.append(ModelSpec(name, source, footprint))
 

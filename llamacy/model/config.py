@@ -58,6 +58,8 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS or self.ffn not in FFNS:
             raise ValueError(f"unknown block kind in {self}")
+        if (self.mixer in RECURRENT_MIXERS) != (self.state_conv + self.state_ssm > 0):
+            raise ValueError(f"a recurrent mixer needs a state, and only it: {self}")
 
     @property
     def memory(self) -> str:
@@ -354,7 +356,7 @@ def kv_slots(spec: LayerSpec, n_ctx: int, ubatch: int) -> int:
     tokens all write before any attends, so the ring must not wrap under the batch), stored twice over so
     that every window is one contiguous run of rows (memory.py). Where that is no smaller than n_ctx, the
     layer keeps the whole context like a full one."""
-    if spec.memory in (MEMORY_NONE, MEMORY_SHARED):
+    if spec.memory not in (MEMORY_KV, MEMORY_WINDOW):
         return 0
     ring = ring_size(spec, n_ctx, ubatch)
     return 2 * ring if ring else n_ctx

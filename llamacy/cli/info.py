@@ -34,7 +34,8 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "name": cfg.name,
         "architecture": cfg.arch,
         "parameters": int(sum(t.n_elements for t in f.tensors.values())),
-        "file_size": f.file_size,
+        "file_size": f.file_size,  # of a split model, all parts together
+        "parts": [p.path for p in f.parts],  # the files read, in order: one, or each part of a split model
         "quant_mix": dict(Counter(type_name(t.type) for t in f.tensors.values()).most_common()),
         "context_length": cfg.n_ctx_train,
         "layers": cfg.n_layer,
@@ -98,7 +99,7 @@ def info(
         ("model", f"{d['name']} ({d['path']})"),
         ("architecture", d["architecture"]),
         ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
-        ("file size", _size(d["file_size"])),
+        ("file size", _file_size(d)),
         ("tensor types", mix),
         (
             "shape",
@@ -127,6 +128,11 @@ def info(
     for k, v in rows:
         t.add_row(k, v)
     Console(highlight=False).print(t)
+
+
+def _file_size(d: dict[str, Any]) -> str:
+    n = len(d["parts"])
+    return _size(d["file_size"]) + (f", split into {n} parts" if n > 1 else "")
 
 
 def _expert_rows(d: dict[str, Any]) -> list[tuple[str, str]]:

@@ -25,10 +25,16 @@ def parse_size(text: str) -> int:
 
 
 def model_name(source: str) -> str:
-    """The name requests use: a catalog name as given, else the file's stem (models/foo.gguf -> foo)."""
+    """The name requests use: a catalog name as given, else the file's stem (models/foo.gguf -> foo), a
+    split model's without its part number (models/foo-00001-of-00003.gguf -> foo)."""
     from llamacy.catalog import KNOWN_MODELS
+    from llamacy.hub.names import SPLIT_RE
 
-    return source if source in KNOWN_MODELS else Path(source).stem
+    if source in KNOWN_MODELS:
+        return source
+    path = Path(source)
+    m = SPLIT_RE.search(path.name)
+    return path.name[: m.start()] if m is not None and m.start() > 0 else path.stem
 
 
 def read_models_file(path: Path) -> list[str]:

@@ -11,10 +11,11 @@ Layout (all integers little-endian):
     checksum  32 bytes SHA-256 of everything before it
 
 "model" is the model's identity (model_identity: a hash of the GGUF header, that is its metadata and its tensor
-table: names, types, shapes and offsets, never the weights). Each layer's entry is {"kind", "first", "count",
-"n_head_kv", "row_bytes"}: it holds positions first .. first + count - 1 (a full layer 0 .. n_tokens - 1; a
-sliding-window ring the positions still in its ring, each row once; a shared or attention-free layer none).
-A recurrent layer's entry adds "floats": its payload is its state after the n_tokens (float32 × floats).
+table: names, types, shapes and offsets, never the weights; of a split model, every part's header). Each layer's
+entry is {"kind", "first", "count", "n_head_kv", "row_bytes"}: it holds positions first .. first + count - 1 (a
+full layer 0 .. n_tokens - 1; a sliding-window ring the positions still in its ring, each row once; a shared or
+attention-free layer none). A recurrent layer's entry adds "floats": its payload is its state after the
+n_tokens (float32 × floats).
 
 A file is written to a temporary name in its directory and renamed, so a reader sees the old file or the new
 one. Loading reads and checks the whole file (magic, version, checksum, model, architecture, KV type, layer
@@ -61,19 +62,21 @@ class MemoryFile:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_identities: dict[tuple[str, int, int], str] = {}
+_identities: dict[tuple[tuple[str, int, int], ...], str] = {}
 
 
 def model_identity(gguf: Any) -> str:
-    """A hash of a GGUF file's header (magic, metadata, tensor table), not of its weights: cheap, and two
-    files that differ in any metadata item or tensor name, type, shape or offset differ in it."""
-    path = os.fspath(gguf.path)
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    """A hash of a GGUF model's header (magic, metadata, tensor table), not of its weights: cheap, and two
+    files that differ in any metadata item or tensor name, type, shape or offset differ in it. A split model
+    hashes every part's header, in order (one part: the same hash as before splits were read)."""
+    stats = [(p, os.stat(p.path)) for p in gguf.parts]
+    key = tuple((os.path.realpath(p.path), st.st_size, st.st_mtime_ns) for p, st in stats)
     if key not in _identities:
-        with open(path, "rb") as f:
-            head = f.read(int(gguf.data_offset))
-        _identities[key] = hashlib.sha256(head).hexdigest()
+        h = hashlib.sha256()
+        for p, _ in stats:
+            with open(p.path, "rb") as f:
+                h.update(f.read(p.data_offset))
+        _identities[key] = h.hexdigest()
     return _identities[key]
 
 

@@ -92,7 +92,7 @@ def test_checkpoints_and_reuse_prefix():
     for t in range(5):  # decoding: one token at a time
         _eval(mem, 0, [40 + t])
     # The next turn re-renders the reply: the common prefix ends inside it. The best cut is the prompt's end.
-    nxt = prompt + [40, 41, 7, 8, 9]
+    nxt = [*prompt, 40, 41, 7, 8, 9]
     assert mem.common_prefix(0, nxt) == 22
     assert mem.best_cut(0, 22) == 20
     assert mem.reuse_prefix(0, nxt) == 20 and _at(mem) == [20, 1020]
@@ -116,7 +116,7 @@ def test_checkpoint_survives_truncate_to_itself_and_copies_the_state():
     mem.truncate(0, 6)
     assert _at(mem) == [6, 1006] and [c for c, _ in mem.checkpoints[0]] == [6]
     _eval(mem, 0, [4])
-    assert [c for c, _ in mem.checkpoints[0]][0] == 6 and mem.checkpoints[0][0][1][0][0] == 6  # a copy
+    assert mem.checkpoints[0][0][0] == 6 and mem.checkpoints[0][0][1][0][0] == 6  # a copy
 
 
 def test_sequences_are_independent():

@@ -278,6 +278,12 @@ def test_convert_to_one_file(m, tmp_path):
     # The split keys are dropped: the same bytes as converting the single file.
     assert (tmp_path / "got.gguf").read_bytes() == (tmp_path / "want.gguf").read_bytes()
     assert not any(k.startswith("split.") for k in GGUFFile(tmp_path / "got.gguf").metadata)
+    # Writing over one of the source's parts is refused before anything is written.
+    second = m["three"][1]
+    before = second.read_bytes()
+    r = llamacy("convert", str(m["three"][0]), "-o", str(second), "--type", "q4_0", "-t", "1")
+    assert r.returncode != 0 and b"part of the split source" in r.stderr and b"Traceback" not in r.stderr
+    assert second.read_bytes() == before
 
 
 def test_serve(m):

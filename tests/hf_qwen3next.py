@@ -23,7 +23,8 @@ N_VOCAB = 320
 
 
 def hf_config(kind: str, **over: Any) -> dict[str, Any]:
-    """kind: "qwen3_next" (MoE with a shared expert) or "qwen3_5" (dense). Both: 6 layers, every third
+    """kind: "qwen3_next" (MoE with a shared expert), "qwen3_5" (dense) or "qwen3_5_moe" (Qwen3.5's layers
+    with Qwen3-Next's mixture). All: 6 layers, every third
     full attention (GQA 4:2, head 32, a quarter rotated), delta-net with 2 key heads of 16 and 4 value
     heads of 16 (key heads repeated), convolution width 4."""
     c: dict[str, Any] = {
@@ -47,10 +48,8 @@ def hf_config(kind: str, **over: Any) -> dict[str, Any]:
         "rope_theta": 10000.0,
         "partial_rotary_factor": 0.25,
     }
-    if kind == "qwen3_next":
+    if kind != "qwen3_5":
         c.update(
-            architectures=["Qwen3NextForCausalLM"],
-            model_type="qwen3_next",
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
@@ -58,10 +57,13 @@ def hf_config(kind: str, **over: Any) -> dict[str, Any]:
             norm_topk_prob=True,
             decoder_sparse_step=1,
         )
+    if kind == "qwen3_next":
+        c.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next")
     else:
+        moe = kind == "qwen3_5_moe"
         c.update(
-            architectures=["Qwen3_5ForCausalLM"],
-            model_type="qwen3_5_text",
+            architectures=["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
+            model_type="qwen3_5_moe_text" if moe else "qwen3_5_text",
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": 10000.0,
@@ -85,7 +87,8 @@ def random_weights(c: dict[str, Any], seed: int = 0, mtp: bool = False) -> dict[
     H, HKV, HD = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv, K = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
-    moe = c["model_type"] == "qwen3_next"
+    moe = "num_experts" in c
+    fused = c["model_type"] == "qwen3_next"  # in_proj_qkvz / in_proj_ba; Qwen3.5 projects each apart
 
     def m(*shape: int, s: float | None = None) -> np.ndarray:
         scale = s if s is not None else 1.0 / np.sqrt(shape[-1])
@@ -108,7 +111,7 @@ def random_weights(c: dict[str, Any], seed: int = 0, mtp: bool = False) -> dict[
             w[p + "self_attn.k_norm.weight"] = zc(HD)
         else:
             la = p + "linear_attn."
-            if moe:
+            if fused:
                 w[la + "in_proj_qkvz.weight"] = m(2 * nk * dk + 2 * nv * dv, E)
                 w[la + "in_proj_ba.weight"] = m(2 * nv, E)
             else:
@@ -415,7 +418,7 @@ def write_llama_cpp_gguf(
     legacy: the delta-net's q/k/v/z as one ssm_in in Hugging Face's per-key-head order (older files);
     tensors: these instead of llama_cpp_tensors(c, w) (a damaged file)."""
     qwen35 = c["model_type"] != "qwen3_next"
-    arch = "qwen35" if qwen35 else "qwen3next"
+    arch = ("qwen35moe" if "num_experts" in c else "qwen35") if qwen35 else "qwen3next"
     n_mtp = 1 if any(k.startswith("mtp.") for k in w) else 0
     tensors = dict(llama_cpp_tensors(c, w) if tensors is None else tensors)
     if legacy:
@@ -434,12 +437,12 @@ def write_llama_cpp_gguf(
     wr.add_head_count_kv(c["num_key_value_heads"])
     wr.add_rope_freq_base(10000.0)
     wr.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    if not qwen35:
+    if "num_experts" in c:
         wr.add_expert_count(c["num_experts"])
         wr.add_expert_used_count(c["num_experts_per_tok"])
         wr.add_expert_feed_forward_length(c["moe_intermediate_size"])
         wr.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
-    else:
+    if qwen35:
         wr.add_rope_dimension_sections([*c["rope_parameters"]["mrope_section"], 0])
     wr.add_key_length(c["head_dim"])
     wr.add_value_length(c["head_dim"])

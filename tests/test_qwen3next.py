@@ -23,7 +23,7 @@ from llamacy.model import Model
 from tests.batching import interleaved
 from tests.hf_qwen3next import hf_config, hf_logits, random_weights, write_llama_cpp_gguf
 
-KINDS = ("qwen3_next", "qwen3_5")
+KINDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 F32_BOUND = 1e-4  # relative to the largest logit: float32 arithmetic against float64
 IDS = np.random.default_rng(7).integers(0, 300, 24).tolist()
 

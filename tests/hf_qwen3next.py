@@ -19,7 +19,7 @@ from gguf import GGUFWriter
 
 from tests.model_factory import _bpe_vocab, _pad_vocab, _write_tokenizer
 
-N_VOCAB = 320
+N_VOCAB = 448  # the tests' trained BPE tokenizer has about 420 tokens
 
 
 def hf_config(kind: str, **over: Any) -> dict[str, Any]:
@@ -53,7 +53,7 @@ def hf_config(kind: str, **over: Any) -> dict[str, Any]:
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
+            shared_expert_intermediate_size=64,
             norm_topk_prob=True,
             decoder_sparse_step=1,
         )

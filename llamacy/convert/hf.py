@@ -200,11 +200,12 @@ class HFSource(Source):
             raise UsageError(
                 f"{self.path}: the checkpoint lacks {len(missing)} tensors (first: {self._hf_name(missing[0])})"
             )
-        tensors = [
-            self._stacked(name, experts[name]) if name in experts else self._tensor(name, found[name])
-            for name in expected
-            if name in found
-        ]
+        tensors = []
+        for name in expected:
+            if name in experts:
+                tensors.append(self._stacked(name, experts[name]))
+            elif name in found:
+                tensors += self._rewritten(name, found[name])
         freqs = self._rope_freqs()
         if freqs is not None:
             tensors.insert(1, _array_tensor("rope_freqs.weight", freqs))
@@ -244,6 +245,29 @@ class HFSource(Source):
         return stacked_tensor(
             name, shape, first.type, lambda e, rows: self.checkpoint.read(by_expert[e], rows)
         )
+
+    def _rewritten(self, name: str, hf_name: str) -> list[SourceTensor]:
+        """The tensor as read, or what the spec's rewrite makes of it (each computed from the whole
+        checkpoint tensor when its rows are first read, kept for the rows that follow)."""
+        shape = self.checkpoint.tensors[hf_name].shape
+        plan = self.spec.rewrite(self.config, name, shape)
+        if plan is None:
+            return [self._tensor(name, hf_name)]
+        cache: dict[str, np.ndarray] = {}
+
+        def source(
+            out: str, out_shape: tuple[int, ...], fn: Callable[[np.ndarray], np.ndarray]
+        ) -> SourceTensor:
+            def read_rows(start: int, stop: int) -> np.ndarray:
+                if out not in cache:
+                    w = self.checkpoint.read(hf_name).astype(np.float32, copy=False).reshape(shape)
+                    cache.clear()  # one tensor's outputs at a time: the writer reads them in order
+                    cache[out] = np.ascontiguousarray(fn(w), dtype=np.float32).reshape(-1, out_shape[-1])
+                return cache[out][start:stop]
+
+            return SourceTensor(out, out_shape, int(GGMLType.F32), read_rows)
+
+        return [source(out, out_shape, fn) for out, out_shape, fn in plan]
 
     def _tensor(self, name: str, hf_name: str) -> SourceTensor:
         ct = self.checkpoint.tensors[hf_name]

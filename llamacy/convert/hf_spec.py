@@ -138,6 +138,10 @@ def _no_overrides(c: HFConfig) -> dict[str, Any]:
     return {}
 
 
+def _no_rewrite(c: HFConfig, name: str, shape: tuple[int, ...]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """How one Hugging Face class converts: the GGUF architecture, the per-layer tensor names, the
@@ -180,6 +184,12 @@ class ArchSpec:
     # Values for the common keys where they are per-layer arrays or differ from config.json's top level:
     # feed_forward_length, head_count_kv, key_length (written with value_length).
     overrides: Callable[[HFConfig], dict[str, Any]] = _no_overrides
+    # Tensors written other than as read (Qwen3-Next: split, reordered, -exp(A_log), norms + 1): for the
+    # GGUF name a checkpoint tensor of `shape` maps to, the tensors it becomes, each (GGUF name, shape,
+    # function of the whole checkpoint tensor as float32); None: written as read.
+    rewrite: Callable[[HFConfig, str, tuple[int, ...]], list[tuple[str, tuple[int, ...], Any]] | None] = (
+        _no_rewrite
+    )
 
 
 def has_key(w: GGUFWriter, key: str) -> bool:

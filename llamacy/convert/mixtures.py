@@ -114,7 +114,8 @@ def allows_quantization(name: str, n_dims: int) -> bool:
     """llama.cpp tensor_allows_quantization, for the tensors of the architectures we convert."""
     if n_dims < 2 or not name.endswith("weight"):
         return False
-    return "_norm.weight" not in name and "ffn_gate_inp.weight" not in name
+    # llama-quantize also keeps the (small, 2-D) convolutions of recurrent layers as they are.
+    return "_norm.weight" not in name and "ffn_gate_inp.weight" not in name and "ssm_conv1d" not in name
 
 
 def _category(name: str) -> str:

@@ -54,6 +54,7 @@ class LayerSpec:
     # the scan's state (the mixer's module documents the layout). 0 for other mixers.
     state_conv: int = 0
     state_ssm: int = 0
+    attn_gate: bool = False  # the Q projection also yields a per-head output gate (Qwen3-Next, Qwen3.5)
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS or self.ffn not in FFNS:
@@ -121,6 +122,15 @@ class ModelConfig:
     ssm_d_state: int = 0
     ssm_n_group: int = 0
     ssm_dt_rank: int = 0
+    # Attention layers' Q projection carries q and an output gate per head, interleaved per head
+    # ([q_0, gate_0, q_1, ...]); the attention output is multiplied by sigmoid(gate) (Qwen3-Next, Qwen3.5).
+    attn_gate: bool = False
+    # The delta-net's key heads as its value heads see them: False, value head h reads key head
+    # h // (n_v / n_k) (Qwen3-Next, as Hugging Face's repeat_interleave); True, key head h % n_k (Qwen3.5:
+    # llama.cpp's converter reorders the value heads to tiled order so that ggml_repeat broadcasts).
+    ssm_k_tiled: bool = False
+    # Multi-token-prediction blocks the file holds after the n_layer layers (not run: archs/base.py).
+    n_nextn: int = 0
     v_norm: bool = False  # V rows RMS-normed without a weight (Gemma 4)
     n_embd_per_layer: int = 0  # per-layer embeddings' width (Gemma 4 E2B/E4B); 0: none
     # Mixture of experts (0 experts: a dense model). Each layer routes a token to n_expert_used of
@@ -184,6 +194,7 @@ class ModelConfig:
                 self.layer_rope_freqs[i],
                 self.layer_state_conv[i],
                 self.layer_state_ssm[i],
+                self.attn_gate and self.layer_mixer[i] == "attention",
             )
             for i in range(self.n_layer)
         ]

@@ -88,11 +88,15 @@ class WeightBinder:
         flat = _Flat(t.data, t.type, (n * rows, cols), t.n_bytes)
         return self._as_matrix(name, flat, n * rows, cols)
 
-    def vector(self, name: str, n: int, optional: bool = False) -> np.ndarray | None:
+    def vector(
+        self, name: str, n: int, optional: bool = False, shape: tuple[int, ...] | None = None
+    ) -> np.ndarray | None:
+        """A float vector of n values; shape: the 2-D shape a tensor read flat must have (ssm_conv1d)."""
         t = self._tensor(name, optional)
         if t is None:
             return None
-        if tuple(t.shape) == (1, n):  # a [1, n] matrix is a vector (qwen2moe's shared-expert gate)
+        # A [1, n] matrix is a vector (qwen2moe's shared-expert gate), as is a declared 2-D shape.
+        if tuple(t.shape) in ((1, n), shape):
             t = _Flat(t.data, t.type, (n,), t.n_bytes)
         if tuple(t.shape) != (n,):
             raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {(n,)}")
@@ -120,7 +124,8 @@ class WeightBinder:
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
-        unread = sorted(set(self.tensors) - used)
+        ignored = arch.ignored_prefixes(c)
+        unread = sorted(n for n in set(self.tensors) - used if not (ignored and n.startswith(ignored)))
         if unread:
             raise UnsupportedModelError(
                 f"{self.source}: tensor {unread[0]} is not part of a {c.arch} model as llamacy runs it"
@@ -142,6 +147,8 @@ class WeightBinder:
             return self.matrix(spec.name, *spec.shape, optional=spec.optional)
         if spec.kind == EXPERTS:
             return self.experts(spec.name, spec.shape[1], spec.shape[2], optional=spec.optional)
+        if len(spec.shape) == 2:
+            return self.vector(spec.name, spec.shape[0] * spec.shape[1], spec.optional, spec.shape)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
 
 

@@ -151,6 +151,10 @@ def test_memory_file_keeps_the_state(tmp_path):
     other = Memory(cfg, 64, snapshots=4)
     assert load_memory(path, other, 0, "id", "test").tokens == list(range(12))
     assert all(np.array_equal(lm.state[0, 0], v) for lm, v in zip(other.recurrent, live, strict=True))
+    # The snapshots came along: the loaded sequence can go back as far as the saved one could.
+    assert other.copy_lengths(0) == mem.copy_lengths(0) == [9, 10, 11]
+    other.truncate(0, 9)
+    assert _at(other) == [9, 1009]
     # An earlier length is saved from its snapshot; one without a copy is refused.
     save_memory(path, mem, 0, "id", "test", n_tokens=10)
     load_memory(path, other, 0, "id", "test")
@@ -163,3 +167,10 @@ def test_memory_file_keeps_the_state(tmp_path):
     with pytest.raises(MemoryFileError, match="state does not match"):
         load_memory(path, small, 0, "id", "test")
     assert small.length(0) == 0
+    mem.checkpoint(0)  # at 12; then 5 more tokens push it out of the snapshots' reach
+    _eval(mem, 0, [1, 2, 3, 4, 5])
+    save_memory(path, mem, 0, "id", "test")
+    load_memory(path, other, 0, "id", "test")
+    assert other.copy_lengths(0) == [12, 14, 15, 16] and [c for c, _ in other.checkpoints[0]] == [12]
+    other.truncate(0, 12)  # the checkpoint: the random live state it was taken from
+    assert all(np.array_equal(lm.state[0, 0], v) for lm, v in zip(other.recurrent, live, strict=True))

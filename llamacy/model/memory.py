@@ -233,6 +233,31 @@ class Memory:
                 return states
         return None
 
+    def copy_lengths(self, seq: int) -> list[int]:
+        """The lengths below the current one that seq's recurrent states can go back to, ascending."""
+        length = len(self.tokens[seq])
+        found = {int(p) + 1 for p in self.snap_pos[seq] if p >= 0} | {c for c, _ in self.checkpoints[seq]}
+        return sorted(m for m in found if 0 < m < length and self.state_at(seq, m) is not None)
+
+    def restore_states(self, seq: int, copies: list[int], states: list[np.ndarray]) -> None:
+        """Set seq's recurrent states (its tokens already recorded): per layer, states[i] holds the live
+        state, then one per length in `copies`. The newest copies become snapshots, older ones checkpoints."""
+        self.snap_pos[seq] = -1
+        self.checkpoints[seq] = []
+        length = len(self.tokens[seq])
+        for lm, st in zip(self.recurrent, states, strict=True):
+            lm.state[seq, 0] = st[0]
+        older = []
+        for i, m in enumerate(copies):
+            if m >= length - self.n_snap + 1 and self.n_snap:
+                j = (m - 1) % self.n_snap
+                for lm, st in zip(self.recurrent, states, strict=True):
+                    lm.state[seq, 1 + j] = st[1 + i]
+                self.snap_pos[seq, j] = m - 1
+            else:
+                older.append((m, [st[1 + i].copy() for st in states]))
+        self.checkpoints[seq] = older[-MAX_CHECKPOINTS:]
+
     def checkpoint(self, seq: int) -> None:
         """Keep a copy of seq's recurrent states at its current length (no-op without recurrent layers)."""
         n = len(self.tokens[seq])

@@ -15,7 +15,8 @@ table: names, types, shapes and offsets, never the weights; of a split model, ev
 entry is {"kind", "first", "count", "n_head_kv", "row_bytes"}: it holds positions first .. first + count - 1 (a
 full layer 0 .. n_tokens - 1; a sliding-window ring the positions still in its ring, each row once; a shared or
 attention-free layer none). A recurrent layer's entry adds "floats": its payload is its state after the
-n_tokens (float32 × floats).
+n_tokens, then its state after each length in the header's "copies" (float32 × floats each): the snapshots
+and checkpoints the memory kept, so that a prompt parting from the saved one near its end can go back.
 
 A file is written to a temporary name in its directory and renamed, so a reader sees the old file or the new
 one. Loading reads and checks the whole file (magic, version, checksum, model, architecture, KV type, layer
@@ -113,7 +114,11 @@ def save_memory(
     states = memory.state_at(seq, n) if memory.recurrent else []
     if states is None:
         raise MemoryFileError(f"no copy of the recurrent state after {n} tokens is kept; nothing saved")
-    states = iter(states)
+    # The earlier copies too (snapshots, checkpoints), so that a prompt that parts from the saved one a
+    # few tokens before its end can still go back instead of starting over.
+    copies = [m for m in memory.copy_lengths(seq) if m < n] if memory.recurrent else []
+    by_layer = [[st, *cs] for st, *cs in zip(states, *(memory.state_at(seq, m) for m in copies), strict=True)]
+    states = iter(by_layer)
     high = memory.high[seq]
     layers = []
     blocks: list[np.ndarray] = [np.asarray(tokens[:n], dtype="<i4")]
@@ -121,7 +126,7 @@ def save_memory(
         if lm.state is not None:
             layers.append({"kind": lm.kind, "first": 0, "count": 0, "n_head_kv": 0, "row_bytes": 0,
                            "floats": lm.state.shape[2]})  # fmt: skip
-            blocks.append(np.asarray(next(states), dtype="<f4"))
+            blocks.extend(np.asarray(st, dtype="<f4") for st in next(states))
             continue
         if lm.k is None or lm.shared_from >= 0:
             layers.append({"kind": lm.kind, "first": 0, "count": 0, "n_head_kv": 0, "row_bytes": 0})
@@ -141,6 +146,7 @@ def save_memory(
         "n_tokens": n,
         "high": high,
         "layers": layers,
+        "copies": copies,
         "extra": extra or {},
     }
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -238,6 +244,9 @@ def _apply(
         raise MemoryFileError(f"{name}: corrupt token ids")
     plan = []
     states = []
+    copies = [int(m) for m in header.get("copies", [])]
+    if any(not 0 < m < n for m in copies) or len(set(copies)) != len(copies):
+        raise MemoryFileError(f"{name}: corrupt memory file header (copies)")
     for il, (lm, e) in enumerate(zip(memory.layers, entries, strict=True)):
         if (e["kind"] == "recurrent") != (lm.state is not None):
             raise MemoryFileError(f"{name}: layer {il} does not match this model's memory")
@@ -245,10 +254,11 @@ def _apply(
             floats = int(e["floats"])
             if floats != lm.state.shape[2]:
                 raise MemoryFileError(f"{name}: layer {il}'s state does not match this model's")
-            if off + 4 * floats > len(payload):
+            size = 4 * floats * (1 + len(copies))
+            if off + size > len(payload):
                 raise MemoryFileError(f"{name}: truncated memory file")
-            states.append((lm, np.frombuffer(payload[off : off + 4 * floats], dtype="<f4")))
-            off += 4 * floats
+            states.append((lm, np.frombuffer(payload[off : off + size], dtype="<f4").reshape(-1, floats)))
+            off += size
             continue
         own = lm.k is not None and lm.shared_from < 0
         if not own:
@@ -288,9 +298,9 @@ def _apply(
             dst[seq][:, idx, :] = src[:, skip:, :]
             if lm.ring:  # every row is stored twice (memory.py)
                 dst[seq][:, idx + lm.ring, :] = src[:, skip:, :]
-    for lm, st in states:
-        lm.state[seq, 0] = st
     memory.tokens[seq] = [int(t) for t in tokens]
+    if states:
+        memory.restore_states(seq, copies, [st for _, st in states])
     memory.high[seq] = high if any(lm.ring for lm in memory.layers) else n
     return MemoryFile(memory.tokens[seq][:], memory.high[seq], dict(header.get("extra") or {}))
 

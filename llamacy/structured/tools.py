@@ -277,7 +277,7 @@ class ToolPlan:
 
         try:
             lark = gemma4_call_lark(self.offered(), many=many, after_trigger=after_trigger)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:  # a quote token in a key, an empty integer range, a bad bound
             raise UsageError(f"tool parameters cannot be written in Gemma 4's call syntax: {e}") from None
         return check(llguidance.LLMatcher.grammar_from_lark(lark), "tool_calls", "tool parameters schema")
 

@@ -4,8 +4,11 @@
 - constraint.py: one sequence's matcher: the allowed-token mask for the sampler, forced tokens, done; the lazy
   TriggeredConstraint (free text until a <tool_call> opens)
 - vocab.py: our tokenizer as an llguidance LLTokenizer (built once per vocabulary)
+- call_syntax.py: how the template writes calls (JSON in <tool_call> tags, bare JSON, Gemma 4's own syntax)
 - tools.py: tool definitions, tool_choice, the tool prompt, the grammars of a forced and of an opened call
+- gemma4_grammar.py: the Lark grammar of Gemma 4 calls, from the tools' schemas
 - tool_parse.py: a reply -> (content, tool_calls), whole or while streaming
+- call_stream.py, gemma4_scan.py: a streamed reply's calls, their arguments in pieces as they are written
 - decode.py: the constrained part of a generation step (forced tokens, the masked draw)
 - request.py: one request's grammar and tools together, for the API layers
 """

@@ -6,6 +6,9 @@ Anthropic's input_json_delta, the Responses API's function_call_arguments.delta)
     for ev in s.feed(piece): ...        # Text(text) | CallStart(index, id, name) | CallArgs(index, text)
     events, calls = s.finish()          # the last events, and the calls (parse_tool_calls' shape, same ids)
 
+Calls are scanned from the template's call marker (CallSyntax.opener): CallScan reads the JSON of a
+`<tool_call>` block, gemma4_scan.Gemma4CallScan Gemma 4's `<|tool_call>call:NAME{...}` syntax.
+
 The arguments are streamed in the form parse_tool_calls gives them (json.dumps of the object: ", " and ": "
 separators, no other whitespace, strings re-escaped), so the pieces joined equal the arguments of the reply
 answered whole. A number, an escape or a literal is sent once it is complete.
@@ -18,8 +21,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from llamacy.structured.call_syntax import CallSyntax
+from llamacy.structured.gemma4_scan import Gemma4CallScan
 from llamacy.structured.tool_parse import ToolCallStream
-from llamacy.structured.tools import CALL_OPEN
 
 log = logging.getLogger("llamacy.structured")
 
@@ -241,12 +245,20 @@ class _Open:
 class ReplyStream:
     """ToolCallStream's text, and the calls it holds back streamed as CallStart and CallArgs events."""
 
-    def __init__(self, names: Any, max_calls: int | None = None, hold_all: bool = False) -> None:
+    def __init__(
+        self,
+        names: Any,
+        max_calls: int | None = None,
+        hold_all: bool = False,
+        syntax: CallSyntax = CallSyntax.TAGGED,
+    ) -> None:
         self.text = ToolCallStream(names, max_calls, hold_all)
+        self.opener = syntax.opener
+        self.scan_type = Gemma4CallScan if syntax is CallSyntax.GEMMA4 else CallScan
         self.names = set(names)
         self.max_calls = max_calls
         self.open: list[_Open] = []
-        self.scans: list[tuple[CallScan, int]] = []  # per <tool_call> block: its scan, characters fed
+        self.scans: list[tuple[CallScan | Gemma4CallScan, int]] = []  # per call: its scan, characters fed
 
     def feed(self, piece: str) -> list[ReplyEvent]:
         shown = self.text.feed(piece)
@@ -255,16 +267,16 @@ class ReplyStream:
 
     def _calls(self) -> list[ReplyEvent]:
         held = self.text.held
-        at = held.find(CALL_OPEN)
+        at = held.find(self.opener)
         if at < 0:
             return []
-        bodies = held[at + len(CALL_OPEN) :].split(CALL_OPEN)
+        bodies = held[at + len(self.opener) :].split(self.opener)
         events: list[ReplyEvent] = []
         for i, body in enumerate(bodies):
             if self.max_calls is not None and i >= self.max_calls:
                 break
             if i == len(self.scans):
-                self.scans.append((CallScan(), 0))
+                self.scans.append((self.scan_type(), 0))
             scan, fed = self.scans[i]
             if len(body) > fed:  # (shorter: a marker completed after the call, whose scan had stopped)
                 scan.feed(body[fed:])

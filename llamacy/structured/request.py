@@ -7,8 +7,8 @@
 
 A forced tool call (tool_choice "required" or a named function) takes the call's grammar; response_format then
 applies to the answer the model gives after the tool's result, in a later request without a forced call. With
-"auto" (and no response_format), the reply is free until the model opens a <tool_call>; the call it then writes
-follows the tools' schemas (a TriggeredConstraint).
+"auto" (and no response_format), the reply is free until the model opens a call (<tool_call>, or <|tool_call> for
+Gemma 4: the template's CallSyntax); the call it then writes follows the tools' schemas (a TriggeredConstraint).
 """
 
 from __future__ import annotations
@@ -18,17 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamacy.structured.call_stream import ReplyStream
+from llamacy.structured.call_syntax import CallSyntax
 from llamacy.structured.constraint import Constraint, TriggeredConstraint
 from llamacy.structured.grammar import Grammar, request_grammar
 from llamacy.structured.tool_parse import ToolCallStream, parse_tool_calls
-from llamacy.structured.tools import CALL_OPEN, ToolPlan
+from llamacy.structured.tools import ToolPlan
 
 
 @dataclass(frozen=True)
 class StructuredRequest:
     grammar: Grammar | None  # the whole reply's grammar
     tools: ToolPlan
-    after_trigger: Grammar | None = None  # "auto": the grammar after the model opens a <tool_call>
+    after_trigger: Grammar | None = None  # "auto": the grammar after the model opens a call
+    syntax: CallSyntax = CallSyntax.TAGGED  # how the template writes calls
 
     @classmethod
     def from_request(
@@ -48,7 +50,7 @@ class StructuredRequest:
         if plan.forced:
             g = plan.grammar(template)
         lazy = plan.after_trigger_grammar(template) if g is None else None
-        return cls(g, plan, lazy)
+        return cls(g, plan, lazy, CallSyntax.of(template))
 
     @classmethod
     def none(cls) -> StructuredRequest:
@@ -68,8 +70,8 @@ class StructuredRequest:
         """A fresh per-sequence constraint (each sequence of a request needs its own)."""
         if self.grammar is not None:
             return Constraint(self.grammar, tokenizer, n_logits)
-        if self.after_trigger is not None:
-            return TriggeredConstraint(CALL_OPEN, self.after_trigger, tokenizer, n_logits)
+        if self.after_trigger is not None and self.syntax.trigger is not None:
+            return TriggeredConstraint(self.syntax.trigger, self.after_trigger, tokenizer, n_logits)
         return None
 
     def reply(
@@ -88,7 +90,9 @@ class StructuredRequest:
         """A streaming parser of text and calls, the calls' arguments in pieces (None: no tools offered)."""
         if not self.tools.active:
             return None
-        return ReplyStream(self.tools.names(), self.tools.max_calls, hold_all=self.tools.forced)
+        return ReplyStream(
+            self.tools.names(), self.tools.max_calls, hold_all=self.tools.forced, syntax=self.syntax
+        )
 
     def stream(self) -> ToolCallStream | None:
         """A streaming parser when the reply may hold calls (None: stream the text as it comes)."""

@@ -15,11 +15,10 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from llamacy.structured.tools import CALL_CLOSE, CALL_OPEN
+from llamacy.structured.call_syntax import CALL_CLOSE, CALL_OPEN, GEMMA4_CLOSE, GEMMA4_OPEN, GEMMA4_QUOTE
 
 _BLOCK = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
-GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 _GEMMA4_BLOCK = re.compile(
     re.escape(GEMMA4_OPEN) + r"call:([^{<\s]+)(\{.*?\})\s*(?:" + re.escape(GEMMA4_CLOSE) + r"|$)", re.S
 )
@@ -67,6 +66,18 @@ def _bare_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
     return calls if calls and all(c is not None for c in calls) else None  # type: ignore[return-value]
 
 
+def gemma4_atom(text: str) -> Any:
+    """A bare value of Gemma 4's syntax (up to the next `,`, `}` or `]`): true, false, null, a number, or
+    else the text itself as a string."""
+    atom = text.strip()
+    if atom in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[atom]
+    try:
+        return json.loads(atom)  # a number
+    except json.JSONDecodeError:
+        return atom  # bare text: kept as a string
+
+
 class _Gemma4Value:
     """Gemma 4's argument syntax (format_argument in its template) -> Python values."""
 
@@ -96,13 +107,7 @@ class _Gemma4Value:
             return items
         m = _GEMMA4_ATOM.match(t, self.pos)
         self.pos = m.end()
-        atom = m.group().strip()
-        if atom in ("true", "false", "null"):
-            return {"true": True, "false": False, "null": None}[atom]
-        try:
-            return json.loads(atom)  # a number
-        except json.JSONDecodeError:
-            return atom  # bare text: kept as a string
+        return gemma4_atom(m.group())
 
     def mapping(self) -> dict[str, Any]:
         t = self.text

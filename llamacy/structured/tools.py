@@ -4,8 +4,10 @@
     prompt = plan.render(template, messages)     # the model's template if it knows tools, else a built-in prompt
     grammar = plan.grammar()                     # None for "auto"/"none": the model may answer in text
 
-A call is written in the Hermes format, `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, which
-many tool-trained models use; a template that knows tools but not that marker (Llama 3.1) gets bare JSON.
+A call is written in the template's syntax (call_syntax.py): the Hermes format,
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, which many tool-trained models use; bare JSON for
+a template that knows tools but not that marker (Llama 3.1); Gemma 4's `<|tool_call>call:NAME{...}<tool_call|>`
+(its grammar from gemma4_grammar.py).
 With tool_choice "required" or a named function the grammar makes the reply a call from its first token; with
 "auto" the model is free and its reply is parsed either way (tool_parse.py).
 
@@ -23,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamacy.errors import UsageError
+from llamacy.structured.call_syntax import CALL_CLOSE, CALL_OPEN, CallSyntax, knows_tools
+from llamacy.structured.gemma4_grammar import gemma4_call_lark
 from llamacy.structured.grammar import JSON_WHITESPACE, Grammar, check, close_objects, json_schema_grammar
 
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
+__all__ = ["CALL_CLOSE", "CALL_OPEN", "ToolPlan", "knows_tools"]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -178,11 +181,6 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
-def knows_tools(template: Any) -> bool:
-    """The template renders a `tools` list itself (Qwen, Hermes, Llama 3.1 ...)."""
-    return "tools" in template.source
-
-
 @dataclass(frozen=True)
 class ToolPlan:
     """The tools of one request and how the reply may use them."""
@@ -244,8 +242,8 @@ class ToolPlan:
         return template.render(msgs, **extra)
 
     def wrapped(self, template: Any) -> bool:
-        """Calls are written in <tool_call> tags (else as bare JSON, for tool templates without them)."""
-        return not knows_tools(template) or CALL_OPEN in template.source
+        """Calls are written in <tool_call> tags (else as bare JSON or in Gemma 4's syntax)."""
+        return CallSyntax.of(template) is CallSyntax.TAGGED
 
     # ---- grammar -----------------------------------------------------------------------------------
     def grammar(self, template: Any) -> Grammar | None:
@@ -253,18 +251,35 @@ class ToolPlan:
         nothing else. None when the model may answer in text."""
         if not self.forced:
             return None
-        call = f'"{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"' if self.wrapped(template) else "body"
-        many = ' ("\\n" call)*' if self.parallel is True and self.choice == "required" else ""
-        return self._call_grammar(f"start: call{many}\ncall: {call}\n")
+        many = self.parallel is True and self.choice == "required"
+        syntax = CallSyntax.of(template)
+        if syntax is CallSyntax.GEMMA4:
+            return self._gemma4_grammar(many=many, after_trigger=False)
+        call = f'"{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"' if syntax is CallSyntax.TAGGED else "body"
+        more = ' ("\\n" call)*' if many else ""
+        return self._call_grammar(f"start: call{more}\ncall: {call}\n")
 
     def after_trigger_grammar(self, template: Any) -> Grammar | None:
-        """For "auto" with <tool_call> tags: what must follow a <tool_call> the model opens (the rest of the
-        call, then the end or, with parallel_tool_calls true, more calls). None when there is no trigger."""
-        if not self.active or self.forced or not self.wrapped(template):
+        """For "auto": what must follow the marker of a call the model opens (CallSyntax.trigger): the rest
+        of the call, then the end or, with parallel_tool_calls true, more calls. None without a trigger."""
+        syntax = CallSyntax.of(template)
+        if not self.active or self.forced or syntax.trigger is None:
             return None
+        many = self.parallel is True
+        if syntax is CallSyntax.GEMMA4:
+            return self._gemma4_grammar(many=many, after_trigger=True)
         rest = f'/[ \\t]*\\n?/ body /[ \\t]*\\n?/ "{CALL_CLOSE}"'
-        many = f' ("\\n{CALL_OPEN}" rest)*' if self.parallel is True else ""
-        return self._call_grammar(f"start: rest{many}\nrest: {rest}\n")
+        more = f' ("\\n{CALL_OPEN}" rest)*' if many else ""
+        return self._call_grammar(f"start: rest{more}\nrest: {rest}\n")
+
+    def _gemma4_grammar(self, *, many: bool, after_trigger: bool) -> Grammar:
+        import llguidance
+
+        try:
+            lark = gemma4_call_lark(self.offered(), many=many, after_trigger=after_trigger)
+        except (ValueError, TypeError) as e:  # a quote token in a key, an empty integer range, a bad bound
+            raise UsageError(f"tool parameters cannot be written in Gemma 4's call syntax: {e}") from None
+        return check(llguidance.LLMatcher.grammar_from_lark(lark), "tool_calls", "tool parameters schema")
 
     def _call_grammar(self, rules: str) -> Grammar:
         """`rules` plus `body`: one call's JSON, {"name": <an offered tool>, "arguments": <its parameters>}."""

@@ -189,3 +189,31 @@ def test_hf_conversion_q8_0(files, tmp_path, kind: str) -> None:
     # and 21% (qwen35moe), the error concentrated at the positions where a token's experts change.
     got, ref = _model(out).eval(IDS, logits="all"), hf_logits(c, w, IDS)
     assert np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref**2)) < 0.3
+
+
+def test_hf_conversion_of_the_image_text_checkpoint(files, tmp_path) -> None:
+    """The released Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration: text settings under
+    text_config, text tensors under model.language_model.*, a vision tower beside them. The conversion is
+    the text model's, tensor for tensor, the tower left out."""
+    from llamacy.convert import convert
+    from tests.hf_qwen3next import write_hf
+
+    c, w, _ = files["qwen3_5"]
+    text = {k: v for k, v in w.items() if not k.startswith("mtp.")}
+    convert(write_hf(tmp_path / "text", c, text), tmp_path / "text.gguf", "f32", threads=1)
+    outer = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+             "text_config": {k: v for k, v in c.items() if k != "architectures"},
+             "vision_config": {"depth": 1}, "tie_word_embeddings": c["tie_word_embeddings"]}  # fmt: skip
+    mm = {
+        (k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+        for k, v in w.items()
+    }
+    mm["model.visual.blocks.0.attn.qkv.weight"] = np.ones((6, 4), np.float32)
+    convert(write_hf(tmp_path / "mm", outer, mm), tmp_path / "mm.gguf", "f32", threads=1)
+    a, b = _gguf_tensors(tmp_path / "text.gguf"), _gguf_tensors(tmp_path / "mm.gguf")
+    assert set(a) == set(b)
+    assert all(np.array_equal(a[n][1], b[n][1]) for n in a)
+    assert np.array_equal(
+        _model(tmp_path / "mm.gguf").eval(IDS, logits="all"),
+        _model(tmp_path / "text.gguf").eval(IDS, logits="all"),
+    )

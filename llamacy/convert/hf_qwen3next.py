@@ -215,14 +215,29 @@ def _metadata_35(w: GGUFWriter, c: HFConfig) -> None:
 
 
 def _skip(name: str) -> str | None:
-    return (
-        "the multi-token-prediction block (not run by llamacy)"
-        if name.startswith(("mtp.", "model.mtp."))
-        else None
-    )
+    if name.startswith(("mtp.", "model.mtp.")):
+        return "the multi-token-prediction block (not run by llamacy)"
+    if name.startswith(("model.visual.", "visual.")):
+        return "the vision tower (not part of the text model)"
+    return None
 
 
-def _spec(arch: str, layers: dict[str, str], moe: bool, tiled: bool) -> ArchSpec:
+# The released Qwen3.5 checkpoints are image-text models (Qwen3_5ForConditionalGeneration): the text model's
+# settings sit under text_config and its tensors under model.language_model.*; llama.cpp's converter lifts
+# text_config to the top level and drops the "language_model." part of the names, and so do we.
+_TEXT = "model.language_model."
+
+
+def _config_view(raw: dict[str, Any]) -> dict[str, Any]:
+    text = raw.get("text_config")
+    return {**raw, **text} if isinstance(text, dict) else dict(raw)
+
+
+def _rename(name: str) -> str:
+    return "model." + name[len(_TEXT) :] if name.startswith(_TEXT) else name
+
+
+def _spec(arch: str, layers: dict[str, str], moe: bool, tiled: bool, multimodal: bool = False) -> ArchSpec:
     metadata = _metadata_35 if arch.startswith("qwen35") else _metadata
     extra: dict[str, Any] = dict(experts=QWEN_EXPERTS) if moe else {}
     return ArchSpec(
@@ -238,10 +253,17 @@ def _spec(arch: str, layers: dict[str, str], moe: bool, tiled: bool) -> ArchSpec
         key_length=True,
         skip=_skip,
         rewrite=_rewrite(tiled),
+        **(dict(config_view=_config_view, rename=_rename) if multimodal else {}),
         **extra,
     )
 
 
 QWEN3NEXT_HF: dict[str, ArchSpec] = {"Qwen3NextForCausalLM": _spec("qwen3next", _NEXT, True, False)}
-QWEN35_HF: dict[str, ArchSpec] = {"Qwen3_5ForCausalLM": _spec("qwen35", _35, False, True)}
-QWEN35MOE_HF: dict[str, ArchSpec] = {"Qwen3_5MoeForCausalLM": _spec("qwen35moe", _35, True, True)}
+QWEN35_HF: dict[str, ArchSpec] = {
+    "Qwen3_5ForCausalLM": _spec("qwen35", _35, False, True),
+    "Qwen3_5ForConditionalGeneration": _spec("qwen35", _35, False, True, multimodal=True),
+}
+QWEN35MOE_HF: dict[str, ArchSpec] = {
+    "Qwen3_5MoeForCausalLM": _spec("qwen35moe", _35, True, True),
+    "Qwen3_5MoeForConditionalGeneration": _spec("qwen35moe", _35, True, True, multimodal=True),
+}

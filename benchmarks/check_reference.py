@@ -41,6 +41,12 @@ def write_files(d: Path) -> dict[str, Path]:
         d / "g4moe", seed=3, **{**MOE, "layer_types": ALTERNATING, "num_hidden_layers": 6}
     )
     files["gemma4 (MoE)"] = write_llama_cpp_gguf(moe, d / "gemma4moe.gguf")
+    from tests.hf_nemotron_h import write_llama_cpp_file, write_nemotron_h_hf_model
+
+    nh = write_nemotron_h_hf_model(d / "nh", seed=3)
+    files["nemotron_h"] = write_llama_cpp_file(nh, d / "nemotron_h.gguf")
+    nh_moe = write_nemotron_h_hf_model(d / "nhmoe", seed=4, moe=True, latent=32)
+    files["nemotron_h_moe"] = write_llama_cpp_file(nh_moe, d / "nemotron_h_moe.gguf")
     return files
 
 

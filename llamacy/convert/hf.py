@@ -61,6 +61,8 @@ def load_config(directory: Path) -> tuple[HFConfig, ArchSpec]:
             f"{path}: architecture {', '.join(classes) or '(none)'} is not supported "
             f"(supported: {', '.join(known)})"
         )
+    if spec.variant is not None:
+        spec = spec.variant(raw)
     config = HFConfig(path, spec.config_view(raw))
     spec.check(config)
     return config, spec
@@ -214,7 +216,7 @@ class HFSource(Source):
 
     def _expert_of(self, hf_name: str) -> tuple[str, int] | None:
         """(stacked GGUF name, expert index) of one expert's matrix; None for other tensors."""
-        m = _LAYER_RE.match(hf_name)
+        m = _LAYER_RE.match(self.spec.rename(hf_name))
         ex = self.spec.experts
         e = ex.pattern.match(m.group(2)) if m and ex else None
         if m is None or ex is None or e is None:
@@ -252,6 +254,15 @@ class HFSource(Source):
             ct.dtype, GGMLType.F32
         )
         c = self.config
+        reshaped = self.spec.reshape(c, name)
+        if reshaped is not None:  # a small tensor stored in another shape (Mamba2's A, D, conv1d, norm)
+            new_shape, fn = reshaped
+
+            def read_whole(start: int, stop: int) -> np.ndarray:
+                w = np.asarray(fn(self.checkpoint.read(hf_name)), dtype=np.float32)
+                return w.reshape(-1, new_shape[-1])[start:stop]
+
+            return SourceTensor(name, new_shape, int(src_type), read_whole)
         transform: Callable[[np.ndarray], np.ndarray] | None = None
         if self.spec.permute_qk and name.endswith(("attn_q.weight", "attn_k.weight")):
             n_head = c.n_head if name.endswith("attn_q.weight") else c.n_head_kv

@@ -138,6 +138,10 @@ def _no_overrides(c: HFConfig) -> dict[str, Any]:
     return {}
 
 
+def _no_reshape(c: HFConfig, name: str) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """How one Hugging Face class converts: the GGUF architecture, the per-layer tensor names, the
@@ -180,6 +184,13 @@ class ArchSpec:
     # Values for the common keys where they are per-layer arrays or differ from config.json's top level:
     # feed_forward_length, head_count_kv, key_length (written with value_length).
     overrides: Callable[[HFConfig], dict[str, Any]] = _no_overrides
+    # Tensors stored in another shape than the checkpoint's, with a transform (Mamba2's A = -exp(A_log) as
+    # [n_head, 1], the conv1d weight squeezed, ...): GGUF name -> (GGUF shape, transform of the whole
+    # checkpoint tensor as float32), or None.
+    reshape: Callable[[HFConfig, str], tuple[tuple[int, ...], Callable[[Any], Any]] | None] = _no_reshape
+    # The spec to use for a given config.json, where one Hugging Face class converts to two GGUF
+    # architectures (Nemotron-H and its MoE form); None: this one.
+    variant: Callable[[dict[str, Any]], ArchSpec] | None = None
 
 
 def has_key(w: GGUFWriter, key: str) -> bool:

@@ -114,7 +114,9 @@ def allows_quantization(name: str, n_dims: int) -> bool:
     """llama.cpp tensor_allows_quantization, for the tensors of the architectures we convert."""
     if n_dims < 2 or not name.endswith("weight"):
         return False
-    return "_norm.weight" not in name and "ffn_gate_inp.weight" not in name
+    # ssm_conv1d: Mamba's small convolution stays F32 (and the kernels read it as F32); ssm_a / ssm_d have no
+    # "weight" suffix, ssm_norm is a norm: the rules above keep them.
+    return "_norm.weight" not in name and "ffn_gate_inp.weight" not in name and "ssm_conv1d" not in name
 
 
 def _category(name: str) -> str:

@@ -25,6 +25,7 @@ cdef enum:
     FFN_UNGATED = 2
     FFN_MOE = 3
     FFN_DENSE_MOE = 4   # a dense gated FFN plus a mixture of experts, summed (Gemma 4 26B-A4B: dense_moe.pyx)
+    FFN_MOE_UNGATED = 5 # sigmoid-routed ungated experts + ungated shared expert (Nemotron-H MoE: moe_ungated.pyx)
 
 # The hyper-parameters the loop reads. Fields are named as ModelConfig's: Forward converts the config's
 # fields to this struct by name, so a missing one fails at load.
@@ -37,6 +38,8 @@ ctypedef struct HParams:
     # Mixture of experts (n_expert 0: dense): see ModelConfig.
     Py_ssize_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp
     bint expert_norm
+    float expert_scale
+    Py_ssize_t moe_latent_size
     # Recurrent mixers' shapes (ModelConfig.ssm_*; 0 without recurrent layers).
     Py_ssize_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_dt_rank
 
@@ -110,6 +113,21 @@ ctypedef struct LayerT:
     WeightT inp_gate
     WeightT proj
     const float* pe_post_norm
+    # Nemotron-H. Mamba2 (mamba2.pyx): in-projection [z, xBC, dt] and out-projection; as F32 vectors the
+    # convolution [conv channels, d_conv] and its bias (NULL: none), dt bias, A (= -exp(A_log)) and D per
+    # head, the grouped norm [n_group, d_inner / n_group]. MoE_UNGATED (moe_ungated.pyx): the per-expert
+    # bias added to the router's sigmoid for the choice only, the latent projections (rows 0: none).
+    WeightT ssm_in
+    WeightT ssm_out
+    const float* ssm_conv1d
+    const float* ssm_conv1d_b
+    const float* ssm_dt_b
+    const float* ssm_a
+    const float* ssm_d
+    const float* ssm_norm
+    const float* exp_probs_b
+    WeightT latent_down
+    WeightT latent_up
 
 # Activations of one micro-batch, row-major [n, width].
 ctypedef struct Scratch:

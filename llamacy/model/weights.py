@@ -7,6 +7,7 @@ Weights stay in the memory-mapped file; only the small norm and bias vectors are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,12 +89,19 @@ class WeightBinder:
         flat = _Flat(t.data, t.type, (n * rows, cols), t.n_bytes)
         return self._as_matrix(name, flat, n * rows, cols)
 
-    def vector(self, name: str, n: int, optional: bool = False) -> np.ndarray | None:
+    def vector(
+        self, name: str, n: int, optional: bool = False, shape: tuple[int, ...] | None = None
+    ) -> np.ndarray | None:
+        """A float32 vector of n values; shape: the stored shape when it has more than one dimension (a small
+        tensor the kernels read whole, such as Mamba2's [channels, d_conv] convolution), read flat."""
         t = self._tensor(name, optional)
         if t is None:
             return None
-        if tuple(t.shape) == (1, n):  # a [1, n] matrix is a vector (qwen2moe's shared-expert gate)
+        if tuple(t.shape) == (1, n) or (shape is not None and tuple(t.shape) == shape):
+            # a [1, n] matrix is a vector (qwen2moe's shared-expert gate)
             t = _Flat(t.data, t.type, (n,), t.n_bytes)
+        elif shape is not None:
+            raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {shape}")
         if tuple(t.shape) != (n,):
             raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {(n,)}")
         if t.type == GGMLType.F32:
@@ -142,6 +150,8 @@ class WeightBinder:
             return self.matrix(spec.name, *spec.shape, optional=spec.optional)
         if spec.kind == EXPERTS:
             return self.experts(spec.name, spec.shape[1], spec.shape[2], optional=spec.optional)
+        if len(spec.shape) > 1:
+            return self.vector(spec.name, math.prod(spec.shape), spec.optional, tuple(spec.shape))
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
 
 

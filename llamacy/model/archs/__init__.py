@@ -14,15 +14,16 @@ from llamacy.model.archs.gemma3 import Gemma3
 from llamacy.model.archs.gemma4 import Gemma4
 from llamacy.model.archs.llama import Llama
 from llamacy.model.archs.nemotron import Nemotron
+from llamacy.model.archs.nemotron_h import NemotronH, NemotronHMoe
 from llamacy.model.archs.qwen2 import Qwen2
 from llamacy.model.archs.qwen2moe import Qwen2Moe
 from llamacy.model.archs.qwen3 import Qwen3
 from llamacy.model.archs.qwen3moe import Qwen3Moe
 from llamacy.model.config import ModelConfig
 
-ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Gemma4(), Nemotron())
-}
+_ALL = (Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Gemma4(), Nemotron())
+_ALL += (NemotronH(), NemotronHMoe())
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in _ALL}
 
 
 def architecture(md: dict[str, Any], source: str) -> Architecture:

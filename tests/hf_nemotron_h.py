@@ -322,6 +322,7 @@ def write_llama_cpp_file(
     w.add_head_count(c["num_attention_heads"])
     w.add_head_count_kv([c["num_key_value_heads"] if ch == "*" else 0 for ch in pattern])
     w.add_layer_norm_rms_eps(c["layer_norm_epsilon"])
+    w.add_layer_norm_eps(c["layer_norm_epsilon"])
     w.add_key_length(c["head_dim"])
     w.add_value_length(c["head_dim"])
     w.add_rope_scaling_finetuned(False)

@@ -220,3 +220,22 @@ def test_rollback_by_truncate_is_bit_identical(files, variant: str) -> None:
         m.kv.truncate(0, 12 - back)
         again = m.eval(IDS[12 - back : 12], logits="all")
         np.testing.assert_array_equal(again, first[12 - back :])
+
+
+def test_every_declared_tensor_is_named_from_the_gguf_table(files) -> None:
+    """Every layer kind's tensors come from the gguf package's table and its list for the architecture."""
+    from gguf import TENSOR_NAMES
+
+    from llamacy.gguf import GGUFFile
+    from llamacy.model.archs import ARCHITECTURES, config_from_metadata
+
+    for variant in ("dense", "moe_latent"):
+        path = files[variant][1]
+        cfg = config_from_metadata(GGUFFile(path).metadata, str(path))
+        a = ARCHITECTURES[cfg.arch]
+        assert set(cfg.layer_mixer) == {"mamba2", "attention", "none"}
+        for il in range(cfg.n_layer):
+            for spec in a.model_tensors(cfg) + a.layer_tensors(cfg, il):
+                assert spec.tensor in a.gguf_tensors, spec
+                base = TENSOR_NAMES[spec.tensor].format(bid=il)
+                assert spec.name == base or spec.name.rsplit(".", 1)[0] == base, spec

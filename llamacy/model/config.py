@@ -215,6 +215,11 @@ class ModelConfig:
             return dense, dense
         expert, shared = 3 * self.n_embd * self.n_ff_exp, 3 * self.n_embd * self.n_ff_shexp
         fixed = self.n_expert * self.n_embd + shared + (self.n_embd if self.n_ff_shexp else 0)
+        if "moe_ungated" in self.layer_ffn:  # Nemotron-H: up and down only, around the latent projection
+            width = self.moe_latent_size or self.n_embd
+            expert = 2 * width * self.n_ff_exp
+            fixed = self.n_expert * self.n_embd + 2 * self.n_embd * self.n_ff_shexp
+            fixed += 2 * self.n_embd * self.moe_latent_size
         if "dense_moe" in self.layer_ffn:  # Gemma 4: a dense gated FFN beside the experts
             fixed += 3 * self.n_embd * self.n_ff
         return fixed + self.n_expert * expert, fixed + self.n_expert_used * expert

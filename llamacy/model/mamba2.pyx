@@ -27,7 +27,7 @@ from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memmove
 
 from llamacy.kernels.matmul cimport matmul
-from llamacy.kernels.ops cimport rmsnorm
+from llamacy.kernels.ops cimport dot_f32, rmsnorm
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_row_bytes
 from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, snapshot_slot, state_begin
@@ -105,7 +105,7 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state, NH = hp.ssm_dt_rank
     cdef Py_ssize_t HD = DI // NH, C = DI + 2 * NG * DS, P = 2 * DI + 2 * NG * DS + NH
     cdef Py_ssize_t h, t, i, k, g
-    cdef float dt, dA, xdt, acc, v
+    cdef float dt, dA, xdt
     cdef float* S
     cdef float* Si
     cdef float* slot
@@ -125,14 +125,12 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
             Cm = J.xbc + t * C + DI + NG * DS + g * DS
             y = J.y + t * DI + h * HD
             for i in range(HD):
+                # The update (vectorized), then its dot with C (ops' vectorized dot): one pass each.
                 xdt = x[i] * dt
                 Si = S + i * DS
-                acc = 0.0
                 for k in range(DS):
-                    v = Si[k] * dA + B[k] * xdt
-                    Si[k] = v
-                    acc = acc + v * Cm[k]
-                y[i] = acc + x[i] * L.ssm_d[h]
+                    Si[k] = Si[k] * dA + B[k] * xdt
+                y[i] = dot_f32(Si, Cm, DS) + x[i] * L.ssm_d[h]
             slot = snapshot_slot(sr, t)
             if slot != NULL:
                 memcpy(slot + sr.conv + h * HD * DS, S, HD * DS * sizeof(float))

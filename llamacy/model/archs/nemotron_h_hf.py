@@ -197,6 +197,9 @@ def _overrides(c: HFConfig) -> dict[str, Any]:
 
 def _metadata(w: GGUFWriter, c: HFConfig) -> None:
     dc, nh, hd, ds, ng = _ssm(c)
+    # TextModel writes layer_norm_epsilon under its LayerNorm key too; llama.cpp's loader requires it (the
+    # MTP head's final norm).
+    w.add_layer_norm_eps(float(c.get("layer_norm_epsilon", 1e-5)))
     w.add_ssm_conv_kernel(dc)
     w.add_ssm_state_size(ds)
     w.add_ssm_group_count(ng)

@@ -303,24 +303,26 @@ def llama_cpp_tensors(model: NemotronHModel) -> dict[str, np.ndarray]:
 
 
 def write_llama_cpp_file(
-    model: NemotronHModel, path: Path, tensors: dict[str, np.ndarray] | None = None
+    model: NemotronHModel, path: Path, tensors: dict[str, np.ndarray] | None = None, mtp: bool = False
 ) -> Path:
     """NemotronHModel's metadata (set_gguf_parameters through GraniteHybridModel) and tensors, with
-    gguf.GGUFWriter; a byte-level BPE vocabulary of the checkpoint's size."""
+    gguf.GGUFWriter; a byte-level BPE vocabulary of the checkpoint's size. mtp (MoE): with a random
+    multi-token-prediction block appended, as the converter folds mtp.layers.0/1 into blk.{n_layer}
+    (counted in block_count and the per-layer arrays as an attention and MoE layer)."""
     from tests.model_factory import _bpe_vocab, _pad_vocab, _write_tokenizer
 
     c = model.config
     moe = "n_routed_experts" in c
     arch = "nemotron_h_moe" if moe else "nemotron_h"
-    pattern = c["hybrid_override_pattern"]
+    pattern = c["hybrid_override_pattern"] + ("X" if mtp else "")  # X: attention and MoE
     w = GGUFWriter(str(path), arch)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     w.add_block_count(len(pattern))
     ff = c["moe_intermediate_size"] if moe else c["intermediate_size"]
-    w.add_feed_forward_length([ff if ch in "-E" else 0 for ch in pattern])
+    w.add_feed_forward_length([ff if ch in "-EX" else 0 for ch in pattern])
     w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv([c["num_key_value_heads"] if ch == "*" else 0 for ch in pattern])
+    w.add_head_count_kv([c["num_key_value_heads"] if ch in "*X" else 0 for ch in pattern])
     w.add_layer_norm_rms_eps(c["layer_norm_epsilon"])
     w.add_layer_norm_eps(c["layer_norm_epsilon"])
     w.add_key_length(c["head_dim"])
@@ -347,7 +349,16 @@ def write_llama_cpp_file(
     vocab = _bpe_vocab("smollm")
     _pad_vocab(vocab, c["vocab_size"])
     _write_tokenizer(w, vocab)
-    for name, a in (llama_cpp_tensors(model) if tensors is None else tensors).items():
+    tensors = dict(llama_cpp_tensors(model) if tensors is None else tensors)
+    if mtp:
+        w.add_nextn_predict_layers(1)
+        rng, b, E = np.random.default_rng(9), len(pattern) - 1, c["hidden_size"]
+        for name, shape in (("nextn.enorm.weight", (E,)), ("nextn.hnorm.weight", (E,)),
+                            ("nextn.eh_proj.weight", (E, 2 * E)), ("nextn.shared_head_norm.weight", (E,)),
+                            ("attn_norm.weight", (E,)), ("attn_q.weight", (E, E)), ("attn_post_norm.weight", (E,)),
+                            ("ffn_gate_inp.weight", (c["n_routed_experts"], E))):  # fmt: skip
+            tensors[f"blk.{b}.{name}"] = rng.standard_normal(shape).astype(np.float32)
+    for name, a in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -148,6 +148,15 @@ def test_llama_cpp_written_file_loads_and_matches(files, tmp_path, variant: str)
     assert rel_rms(got, model.logits(IDS)) < HF_F32_BOUND
 
 
+def test_multi_token_prediction_block_is_loaded_past(files, tmp_path) -> None:
+    """llama.cpp's converter appends Nemotron 3's MTP block by default: such a file loads, runs without it."""
+    model, ours = files["moe_latent"]
+    twin = write_llama_cpp_file(model, tmp_path / "mtp.gguf", mtp=True)
+    llm = _llm(twin)
+    assert llm.model.cfg.n_layer == len(model.config["hybrid_override_pattern"])
+    np.testing.assert_array_equal(llm.model.eval(IDS, logits="all"), _all(ours, IDS))
+
+
 def test_bad_files_are_refused_in_one_line(files, tmp_path) -> None:
     model, _ = files["dense"]
     good = llama_cpp_tensors(model)

@@ -132,6 +132,9 @@ class ModelConfig:
     expert_norm: bool = False  # renormalise the chosen experts' weights to sum to 1
     expert_scale: float = 1.0  # the chosen experts' weights multiplied by this (expert_weights_scale)
     moe_latent_size: int = 0  # > 0: the experts work in a latent space of this width (ffn_latent_down/up)
+    # Multi-token-prediction blocks the file carries after the last layer (nextn_predict_layers, counted in
+    # its block_count): their tensors (blk.{n_layer}.* on) are left unread; the loop runs n_layer layers.
+    n_layer_nextn: int = 0
 
     def __post_init__(self) -> None:
         if not self.attn_scale:

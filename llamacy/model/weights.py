@@ -128,7 +128,9 @@ class WeightBinder:
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
-        unread = sorted(set(self.tensors) - used)
+        # A multi-token-prediction block after the last layer is the file's, not the loop's (ModelConfig).
+        mtp = tuple(f"blk.{il}." for il in range(c.n_layer, c.n_layer + c.n_layer_nextn))
+        unread = sorted(n for n in set(self.tensors) - used if not (mtp and n.startswith(mtp)))
         if unread:
             raise UnsupportedModelError(
                 f"{self.source}: tensor {unread[0]} is not part of a {c.arch} model as llamacy runs it"

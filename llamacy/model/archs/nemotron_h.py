@@ -11,7 +11,8 @@ one, llama.cpp decides from the per-layer arrays attention.head_count_kv and fee
   the latent projections ffn_latent_down / ffn_latent_up where moe_latent_size says so.
 Mamba2's shapes are the ssm.* keys: conv_kernel, inner_size (d_inner), state_size, group_count, and
 time_step_rank (the number of heads; head size d_inner / heads).
-Files with a multi-token-prediction block (nextn_predict_layers) are refused for now.
+A multi-token-prediction block (nextn_predict_layers; llama.cpp's converter appends one to Nemotron 3 files by
+default) is loaded past: the model runs without it (using it as a drafter is not done).
 """
 
 from __future__ import annotations
@@ -47,19 +48,18 @@ class NemotronH(Architecture):
     def config(self, md: dict[str, Any], source: str) -> ModelConfig:
         arch = self.name
         r = MetadataReader(md, arch, source)
-        if r.int("nextn_predict_layers", 0, minimum=0):
-            raise UnsupportedModelError(
-                f"{source}: multi-token-prediction blocks (nextn_predict_layers) are not supported yet; "
-                "convert without them (convert_hf_to_gguf.py --no-mtp)"
-            )
-        n_layer = r.int("block_count", maximum=4096)
+        # The multi-token-prediction block llama.cpp's converter appends by default: counted in block_count
+        # and in the per-layer arrays, not run (its tensors are left unread).
+        n_all = r.int("block_count", maximum=4096)
+        nextn = r.int("nextn_predict_layers", 0, minimum=0, maximum=n_all - 1)
+        n_layer = n_all - nextn
         n_embd = r.int("embedding_length")
         n_head = r.int("attention.head_count")
         head_dim = r.int("attention.key_length", n_embd // n_head)
         if r.int("attention.value_length", head_dim) != head_dim:
             raise UnsupportedModelError(f"{source}: key and value head sizes differ")
-        kv = _per_layer(md, r, "attention.head_count_kv", n_layer)
-        ff = _per_layer(md, r, "feed_forward_length", n_layer)
+        kv = _per_layer(md, r, "attention.head_count_kv", n_all)[:n_layer]
+        ff = _per_layer(md, r, "feed_forward_length", n_all)[:n_layer]
         d_conv, d_inner = r.int("ssm.conv_kernel"), r.int("ssm.inner_size")
         d_state, n_group, n_ssm_head = (
             r.int("ssm.state_size"),
@@ -130,6 +130,7 @@ class NemotronH(Architecture):
             ssm_d_state=d_state,
             ssm_n_group=n_group,
             ssm_dt_rank=n_ssm_head,
+            n_layer_nextn=nextn,
             **moe,
         )
 

@@ -41,6 +41,12 @@ def write_files(d: Path) -> dict[str, Path]:
         d / "g4moe", seed=3, **{**MOE, "layer_types": ALTERNATING, "num_hidden_layers": 6}
     )
     files["gemma4 (MoE)"] = write_llama_cpp_gguf(moe, d / "gemma4moe.gguf")
+    # The gated delta-net hybrids, each with the MTP block the converter writes after the last layer.
+    from tests import hf_qwen3next as qn
+
+    for kind, name in (("qwen3_next", "qwen3next"), ("qwen3_5", "qwen35"), ("qwen3_5_moe", "qwen35moe")):
+        c = qn.hf_config(kind)
+        files[name] = qn.write_llama_cpp_gguf(d / f"{name}.gguf", c, qn.random_weights(c, seed=3, mtp=True))
     from tests.hf_nemotron_h import write_llama_cpp_file, write_nemotron_h_hf_model
 
     nh = write_nemotron_h_hf_model(d / "nh", seed=3)
@@ -65,6 +71,7 @@ def main() -> int:
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--tol", type=float, default=1e-3)
+    ap.add_argument("--only", nargs="*", help="just these architectures (as the table names them)")
     args = ap.parse_args()
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,6 +81,8 @@ def main() -> int:
         print("| architecture | llamacy | reference | relative difference |")
         print("| --- | ---: | ---: | ---: |")
         for name, path in write_files(d).items():
+            if args.only and name not in args.only:
+                continue
             c = ["-m", str(path), "-f", str(text), "-c", str(args.ctx), "-t", "2"]
             ours = ppl([sys.executable, "-m", "llamacy", "perplexity", *c, "--kv-type", "f32"])
             try:

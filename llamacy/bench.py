@@ -96,6 +96,7 @@ def _fill_depth(llm: Any, n_depth: int, rng: np.random.Generator) -> None:
     step = max(1, llm.n_batch)
     for i in range(0, n_depth, step):
         model.eval(ids[i : i + step], logits="last")
+    model.kv.checkpoint(0)  # a recurrent state's copy at the depth, for the truncates back to it
 
 
 def _run_once(llm: Any, n_prompt: int, n_gen: int, rng: np.random.Generator, n_depth: int = 0) -> float:

@@ -19,6 +19,10 @@ class ContextOverflowError(UsageError):
     """A prompt (or a conversation) longer than the context window."""
 
 
+class GGUFError(LlamacyError):
+    """A file that is not a valid GGUF file (or cannot be read at all); llamacy.gguf raises it."""
+
+
 class UnsupportedModelError(LlamacyError):
     """A valid GGUF file that this engine cannot run (architecture, tokenizer or tensor type)."""
 

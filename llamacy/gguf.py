@@ -1,4 +1,4 @@
-"""A fast, strict GGUF v2/v3 reader: header, metadata, tensor table, zero-copy views of one read-only mmap.
+"""A fast, strict GGUF v2/v3 reader: header, metadata, tensor table, zero-copy views of read-only mmaps.
 
 Everything is parsed and validated when the file is opened (a few tens of milliseconds even for a
 262k-token vocabulary), so that later code can trust every offset and size. Any problem with the file is
@@ -9,6 +9,9 @@ Layout (little-endian): magic b"GGUF", u32 version, u64 tensor_count, u64 kv_cou
 (string key, u32 value type, value); tensor_count infos of (string name, u32 n_dims, n_dims x u64 ne,
 u32 ggml type, u64 offset relative to the data section); padding to `alignment`; the data section.
 A string is a u64 byte length followed by UTF-8 bytes, without a terminator.
+
+A model split by llama-gguf-split (NAME-00001-of-0000N.gguf, ...) opens from its first part: every part
+is mapped and checked the same way, and the tensors of all parts form one table (gguf_split.py).
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from llamacy.errors import LlamacyError
+from llamacy.errors import GGUFError
 from llamacy.ggml_types import BLOCK_LAYOUT, type_name
+from llamacy.gguf_split import SPLIT_COUNT, GGUFPart, read_other_parts
 
-__all__ = ["GGUFError", "GGUFFile", "GGUFTensor", "GGUFValueType"]
+__all__ = ["GGUFError", "GGUFFile", "GGUFPart", "GGUFTensor", "GGUFValueType"]
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -34,10 +38,6 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_DEPTH = 8  # arrays of arrays: deeper nesting is hostile, not a model
 _MAX_ELEMENTS = 2**63 - 1  # ggml counts elements in int64
-
-
-class GGUFError(LlamacyError):
-    """A file that is not a valid GGUF file (or cannot be read at all)."""
 
 
 class GGUFValueType:
@@ -97,8 +97,9 @@ class GGUFTensor:
     shape: tuple[int, ...]  # numpy order: the last dimension is the row (GGUF's ne[0])
     n_elements: int
     n_bytes: int
-    offset: int  # absolute offset in the file
-    data: np.ndarray  # read-only np.uint8 view of the n_bytes raw bytes, into the file's mmap
+    offset: int  # absolute offset in the file of its part
+    data: np.ndarray  # read-only np.uint8 view of the n_bytes raw bytes, into its part's mmap
+    part: int = 0  # which file of a split model holds it (GGUFFile.parts); 0 for a single file
 
     @property
     def type_name(self) -> str:
@@ -114,49 +115,64 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """An open, validated GGUF file.
+    """An open, validated GGUF model: one file, or every part of a split one (opened by its first part).
 
-    Usable as a context manager. Tensor data and numeric metadata arrays are zero-copy views of one
-    read-only mmap; the mapping is released by close() once no such view is alive any more.
+    Usable as a context manager. Tensor data and numeric metadata arrays are zero-copy views of read-only
+    mmaps, one per part; a mapping is released by close() once no such view is alive any more. Of a split
+    model, metadata, version, alignment and data_offset are the first part's (which carries the model's
+    metadata), file_size is the parts' total, and tensors holds every part's tensors, each knowing its part.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path: str = os.fspath(path)
-        self._mm = _open_mmap(self.path)
+        self._maps: list[mmap.mmap] = []
+        self._u8: np.ndarray | None = None  # the first part's bytes, one uint8 view that tensors slice
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, GGUFTensor] = {}
         try:
-            self.file_size: int = len(self._mm)
-            # One uint8 view of the whole mapping: every tensor view is a slice of it.
-            self._u8: np.ndarray = np.frombuffer(self._mm, dtype=np.uint8)
-            parser = _Parser(self.path, self._mm, self._u8)
-            self.version: int
-            self.alignment: int
-            self.data_offset: int
-            self.metadata: dict[str, Any]
-            self.tensors: dict[str, GGUFTensor]
-            try:
-                (self.version, self.alignment, self.data_offset, self.metadata, self.tensors) = parser.parse()
-            except (struct.error, IndexError, ValueError, OverflowError, MemoryError) as e:
-                # A safety net only: _Parser checks everything explicitly; the tests assert this never fires.
-                raise GGUFError(f"{self.path}: malformed GGUF file ({type(e).__name__}: {e})") from e
+            first, self.version, self.alignment, self.metadata, self.tensors = self._read_part(self.path, 0)
+            self.data_offset: int = first.data_offset
+            self.parts: tuple[GGUFPart, ...] = (first,)
+            if SPLIT_COUNT in self.metadata:  # written by llama-gguf-split: maybe part 1 of several
+                self.parts, self.tensors = read_other_parts(
+                    first, self.metadata, self.tensors, self._read_part
+                )
+            self.file_size: int = sum(p.file_size for p in self.parts)
         except BaseException:
-            self._u8 = None  # type: ignore[assignment]
-            _try_close(self._mm)
+            self.close()
             raise
+
+    def _read_part(
+        self, path: str, index: int
+    ) -> tuple[GGUFPart, int, int, dict[str, Any], dict[str, GGUFTensor]]:
+        """Map and parse one file (part `index` of the model): its part record, version, alignment,
+        metadata and tensors. The mapping is this object's from now on, closed by close()."""
+        mm = _open_mmap(path)
+        self._maps.append(mm)
+        u8 = np.frombuffer(mm, dtype=np.uint8)
+        if index == 0:
+            self._u8 = u8
+        try:
+            version, alignment, data_offset, metadata, tensors = _Parser(path, mm, u8, index).parse()
+        except (struct.error, IndexError, ValueError, OverflowError, MemoryError) as e:
+            # A safety net only: _Parser checks everything explicitly; the tests assert this never fires.
+            raise GGUFError(f"{path}: malformed GGUF file ({type(e).__name__}: {e})") from e
+        return GGUFPart(path, len(mm), data_offset, len(tensors)), version, alignment, metadata, tensors
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
     def close(self) -> None:
-        """Drop this object's hold on the mapping (its metadata and tensors become empty).
+        """Drop this object's hold on the mappings (its metadata and tensors become empty).
 
-        Views handed out earlier stay valid: they keep the mapping alive until they are gone.
+        Views handed out earlier stay valid: they keep their mapping alive until they are gone.
         """
         self.metadata = {}
         self.tensors = {}
-        self._u8 = None  # type: ignore[assignment]
-        if self._mm is not None:
-            _try_close(self._mm)
-            self._mm = None  # type: ignore[assignment]
+        self._u8 = None
+        for mm in self._maps:
+            _try_close(mm)
+        self._maps = []
 
     def __enter__(self) -> GGUFFile:
         return self
@@ -165,9 +181,10 @@ class GGUFFile:
         self.close()
 
     def __repr__(self) -> str:
+        parts = f", {len(self.parts)} parts" if len(self.parts) > 1 else ""
         return (
             f"GGUFFile({self.path!r}, v{self.version}, {len(self.metadata)} keys, "
-            f"{len(self.tensors)} tensors, data at {self.data_offset})"
+            f"{len(self.tensors)} tensors, data at {self.data_offset}{parts})"
         )
 
 
@@ -206,10 +223,11 @@ def _open_mmap(path: str) -> mmap.mmap:
 class _Parser:
     """Reads the header, metadata and tensor table with a bounds-checked cursor."""
 
-    def __init__(self, path: str, mm: mmap.mmap, u8: np.ndarray) -> None:
+    def __init__(self, path: str, mm: mmap.mmap, u8: np.ndarray, part: int = 0) -> None:
         self.path = path
         self.mm = mm
         self.u8 = u8
+        self.part = part  # stamped on each tensor: which file of a split model holds it
         self.size = len(mm)
         self.pos = 0
 
@@ -473,4 +491,4 @@ class _Parser:
                 f"({self.size} bytes)"
             )
         data = self.u8[offset : offset + n_bytes]
-        return GGUFTensor(name, ggml_type, tuple(reversed(ne)), n_elements, n_bytes, offset, data)
+        return GGUFTensor(name, ggml_type, tuple(reversed(ne)), n_elements, n_bytes, offset, data, self.part)

@@ -20,6 +20,7 @@ def interleaved(path: Path, a: list[int], b: list[int], steps: int, starts: tupl
     m = Model(GGUFFile(path), n_ctx=64, n_threads=1, n_seq=2)
     for s, ids, start in ((0, a, starts[0]), (1, b, starts[1])):
         m.eval_batch(np.array(ids[:start]), np.arange(start), np.full(start, s), np.array([], np.int32))
+        m.kv.append(s, ids[:start])  # recorded as the scheduler does (a recurrent state checks positions)
     outs: dict[int, list[np.ndarray]] = {0: [], 1: []}
     for step in range(steps):
         toks, pos, seq = [], [], []
@@ -31,4 +32,5 @@ def interleaved(path: Path, a: list[int], b: list[int], steps: int, starts: tupl
         out = m.eval_batch(np.array(toks), np.array(pos), np.array(seq), np.arange(len(toks)))
         for row, s in enumerate(seq):
             outs[s].append(out[row])
+            m.kv.append(s, [toks[row]])
     return np.stack(outs[0]), np.stack(outs[1]), alone[0][starts[0] :], alone[1][starts[1] :]

@@ -199,19 +199,25 @@ def test_pull_by_name_and_quant(hub, tiny, tmp_path):
 
 @pytest.mark.slow
 def test_split_files_are_fetched_whole(hub, tiny, tmp_path):
-    half = len(tiny["Q8_0"]) // 2
-    parts = {
-        "Q8_0/tiny-Q8_0-00001-of-00002.gguf": tiny["Q8_0"][:half],
-        "Q8_0/tiny-Q8_0-00002-of-00002.gguf": tiny["Q8_0"][half:],
-    }
+    from tests.split_factory import split_model
+
+    single = tmp_path / "tiny.gguf"
+    single.write_bytes(tiny["Q8_0"])
+    (tmp_path / "parts").mkdir()
+    split = split_model(single, tmp_path / "parts" / "tiny-Q8_0", 11)  # 11 + 10 tensors, as llama-gguf-split
+    parts = {f"Q8_0/{p.name}": p.read_bytes() for p in split}
     repo = hub.add("tester/split-GGUF", dict(parts))
     env = hub_env(tmp_path, hub)
     assert cli("pull", "tester/split-GGUF:Q8_0", env=env).returncode == 0
     snap = repo_path(tmp_path, "tester/split-GGUF") / "snapshots" / repo.commit
     for name, data in parts.items():
         assert (snap / name).read_bytes() == data
-    assert listed(env)["tester/split-GGUF:Q8_0"]["size"] == len(tiny["Q8_0"])
-    one_line_error(cli("run", "hi", "-m", "tester/split-GGUF:Q8_0", env=env), 1, "split into 2 files")
+    assert listed(env)["tester/split-GGUF:Q8_0"]["size"] == sum(len(d) for d in parts.values())
+    # Loaded from its first part, the others found beside it in the snapshot.
+    gen = ("-n", "8", "--temp", "0", "-t", "1")
+    by_name = cli("run", "hello world", "-m", "tester/split-GGUF:Q8_0", *gen, env=env)
+    assert by_name.returncode == 0, by_name.stderr
+    assert by_name.stdout == cli("run", "hello world", "-m", str(single), *gen, env=env).stdout
 
 
 @pytest.mark.slow

@@ -136,6 +136,9 @@ class _KV:
     def truncate(self, seq: int, n: int) -> None:
         del self.tokens[n:]
 
+    def checkpoint(self, seq: int) -> None:
+        """Nothing to copy: every length is a tokens list away."""
+
     def reuse_prefix(self, seq: int, ids: list[int]) -> int:
         keep = 0
         while keep < min(len(ids) - 1, len(self.tokens)) and self.tokens[keep] == ids[keep]:

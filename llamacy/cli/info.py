@@ -34,7 +34,8 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "name": cfg.name,
         "architecture": cfg.arch,
         "parameters": int(sum(t.n_elements for t in f.tensors.values())),
-        "file_size": f.file_size,
+        "file_size": f.file_size,  # of a split model, all parts together
+        "parts": [p.path for p in f.parts],  # the files read, in order: one, or each part of a split model
         "quant_mix": dict(Counter(type_name(t.type) for t in f.tensors.values()).most_common()),
         "context_length": cfg.n_ctx_train,
         "layers": cfg.n_layer,
@@ -57,7 +58,14 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         "layer_mix": cfg.layer_mix(n_ctx),
         "kv_type": kv_type,
         # Every expert is mapped (weights counts them all); a token reads read_per_token of them.
-        "memory": {"weights": weights, "kv_cache": kv, "total": weights + kv, "read_per_token": read},
+        # A recurrent layer's state (delta-net, Mamba2) per sequence, whatever the context's length.
+        "memory": {
+            "weights": weights,
+            "kv_cache": kv,
+            "recurrent_state": cfg.state_bytes,
+            "total": weights + kv + cfg.state_bytes,
+            "read_per_token": read,
+        },
     }
 
 
@@ -91,7 +99,7 @@ def info(
         ("model", f"{d['name']} ({d['path']})"),
         ("architecture", d["architecture"]),
         ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
-        ("file size", _size(d["file_size"])),
+        ("file size", _file_size(d)),
         ("tensor types", mix),
         (
             "shape",
@@ -106,7 +114,13 @@ def info(
         (
             "memory",
             f"{_size(d['memory']['total'])} at --ctx-size {d['ctx_size']} "
-            f"(weights {_size(d['memory']['weights'])} + {d['kv_type']} KV cache {_size(d['memory']['kv_cache'])})",
+            f"(weights {_size(d['memory']['weights'])} + {d['kv_type']} KV cache {_size(d['memory']['kv_cache'])}"
+            + (
+                f" + recurrent state {_size(d['memory']['recurrent_state'])}"
+                if d["memory"]["recurrent_state"]
+                else ""
+            )
+            + ")",
         ),
     ]
     if d["experts"]:
@@ -114,6 +128,11 @@ def info(
     for k, v in rows:
         t.add_row(k, v)
     Console(highlight=False).print(t)
+
+
+def _file_size(d: dict[str, Any]) -> str:
+    n = len(d["parts"])
+    return _size(d["file_size"]) + (f", split into {n} parts" if n > 1 else "")
 
 
 def _expert_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
@@ -131,12 +150,15 @@ def _expert_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _layer_mix(d: dict[str, Any]) -> str:
     parts = []
+    names = {"attention": "attention", "deltanet": "gated delta-net", "mamba2": "Mamba2", "none": "no mixer"}
     for g in d["layer_mix"]:
-        what = "attention" if g["mixer"] == "attention" else "no mixer"
+        what = names.get(g["mixer"], g["mixer"])
         if g["window"]:
             what = f"sliding-window attention ({g['window']})"
         kept = (
-            f"keeps {g['positions']} of {d['ctx_size']} positions"
+            f"keeps a {_size(g['state_bytes'])} state per sequence at any length"
+            if g["memory"] == "recurrent"
+            else f"keeps {g['positions']} of {d['ctx_size']} positions"
             if g["memory"] not in ("none", "shared")
             else "reads an earlier layer's K/V, keeps nothing"
             if g["memory"] == "shared"

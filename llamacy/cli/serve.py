@@ -25,10 +25,16 @@ def parse_size(text: str) -> int:
 
 
 def model_name(source: str) -> str:
-    """The name requests use: a catalog name as given, else the file's stem (models/foo.gguf -> foo)."""
+    """The name requests use: a catalog name as given, else the file's stem (models/foo.gguf -> foo), a
+    split model's without its part number (models/foo-00001-of-00003.gguf -> foo)."""
     from llamacy.catalog import KNOWN_MODELS
+    from llamacy.hub.names import SPLIT_RE
 
-    return source if source in KNOWN_MODELS else Path(source).stem
+    if source in KNOWN_MODELS:
+        return source
+    path = Path(source)
+    m = SPLIT_RE.search(path.name)
+    return path.name[: m.start()] if m is not None and m.start() > 0 else path.stem
 
 
 def read_models_file(path: Path) -> list[str]:
@@ -159,11 +165,11 @@ def serve(
         d = describe(source, ctx_size, kv_type)
         mem = d["memory"]
         ctx_of.append(d["ctx_size"])
-        footprint = mem["weights"] + mem["kv_cache"] * parallel
+        footprint = mem["weights"] + (mem["kv_cache"] + mem["recurrent_state"]) * parallel
         if budget is not None and footprint > budget:
             raise UsageError(
-                f"model {name!r} needs about {footprint / 2**20:.0f} MiB (weights + KV cache of {parallel} "
-                f"sequences) but --max-memory is {budget / 2**20:.0f} MiB"
+                f"model {name!r} needs about {footprint / 2**20:.0f} MiB (weights + KV cache and state of "
+                f"{parallel} sequences) but --max-memory is {budget / 2**20:.0f} MiB"
             )
         specs.append(ModelSpec(name, source, footprint))
 

@@ -5,6 +5,7 @@ type does not change is copied byte for byte (requantizing a K-quant to itself w
 lose precision for nothing). Metadata is carried over with each key's original value type, except the keys
 that describe the file rather than the model: general.file_type and general.quantization_version are
 rewritten, general.alignment and the split.* keys are dropped (the output is one file, default alignment).
+A split model is read through GGUFFile like any other: its first part's metadata, every part's tensors.
 """
 
 from __future__ import annotations
@@ -36,11 +37,7 @@ class GGUFSource(Source):
         self.path = path
         self.file = GGUFFile(path)
         try:
-            md = self.file.metadata
-            if _count(md.get("split.count"), 1) > 1:
-                raise UnsupportedModelError(
-                    f"{path}: split GGUF files are not supported; merge the parts first"
-                )
+            md = self.file.metadata  # of a split model, the first part's: the others carry only split.*
             arch = str(md.get("general.architecture", ""))
             n_head = _count(md.get(f"{arch}.attention.head_count"), 1)
             self.facts = ModelFacts(

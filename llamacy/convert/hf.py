@@ -202,11 +202,12 @@ class HFSource(Source):
             raise UsageError(
                 f"{self.path}: the checkpoint lacks {len(missing)} tensors (first: {self._hf_name(missing[0])})"
             )
-        tensors = [
-            self._stacked(name, experts[name]) if name in experts else self._tensor(name, found[name])
-            for name in expected
-            if name in found
-        ]
+        tensors = []
+        for name in expected:
+            if name in experts:
+                tensors.append(self._stacked(name, experts[name]))
+            elif name in found:
+                tensors += self._rewritten(name, found[name])
         freqs = self._rope_freqs()
         if freqs is not None:
             tensors.insert(1, _array_tensor("rope_freqs.weight", freqs))
@@ -247,6 +248,29 @@ class HFSource(Source):
             name, shape, first.type, lambda e, rows: self.checkpoint.read(by_expert[e], rows)
         )
 
+    def _rewritten(self, name: str, hf_name: str) -> list[SourceTensor]:
+        """The tensor as read, or what the spec's rewrite makes of it (each computed from the whole
+        checkpoint tensor when its rows are first read, kept for the rows that follow)."""
+        shape = self.checkpoint.tensors[hf_name].shape
+        plan = self.spec.rewrite(self.config, name, shape)
+        if plan is None:
+            return [self._tensor(name, hf_name)]
+        cache: dict[str, np.ndarray] = {}
+
+        def source(
+            out: str, out_shape: tuple[int, ...], fn: Callable[[np.ndarray], np.ndarray]
+        ) -> SourceTensor:
+            def read_rows(start: int, stop: int) -> np.ndarray:
+                if out not in cache:
+                    w = self.checkpoint.read(hf_name).astype(np.float32, copy=False).reshape(shape)
+                    cache.clear()  # one tensor's outputs at a time: the writer reads them in order
+                    cache[out] = np.ascontiguousarray(fn(w), dtype=np.float32).reshape(-1, out_shape[-1])
+                return cache[out][start:stop]
+
+            return SourceTensor(out, out_shape, int(GGMLType.F32), read_rows)
+
+        return [source(out, out_shape, fn) for out, out_shape, fn in plan]
+
     def _tensor(self, name: str, hf_name: str) -> SourceTensor:
         ct = self.checkpoint.tensors[hf_name]
         shape = ct.shape
@@ -254,15 +278,6 @@ class HFSource(Source):
             ct.dtype, GGMLType.F32
         )
         c = self.config
-        reshaped = self.spec.reshape(c, name)
-        if reshaped is not None:  # a small tensor stored in another shape (Mamba2's A, D, conv1d, norm)
-            new_shape, fn = reshaped
-
-            def read_whole(start: int, stop: int) -> np.ndarray:
-                w = np.asarray(fn(self.checkpoint.read(hf_name)), dtype=np.float32)
-                return w.reshape(-1, new_shape[-1])[start:stop]
-
-            return SourceTensor(name, new_shape, int(src_type), read_whole)
         transform: Callable[[np.ndarray], np.ndarray] | None = None
         if self.spec.permute_qk and name.endswith(("attn_q.weight", "attn_k.weight")):
             n_head = c.n_head if name.endswith("attn_q.weight") else c.n_head_kv

@@ -138,7 +138,7 @@ def _no_overrides(c: HFConfig) -> dict[str, Any]:
     return {}
 
 
-def _no_reshape(c: HFConfig, name: str) -> None:
+def _no_rewrite(c: HFConfig, name: str, shape: tuple[int, ...]) -> None:
     return None
 
 
@@ -184,10 +184,12 @@ class ArchSpec:
     # Values for the common keys where they are per-layer arrays or differ from config.json's top level:
     # feed_forward_length, head_count_kv, key_length (written with value_length).
     overrides: Callable[[HFConfig], dict[str, Any]] = _no_overrides
-    # Tensors stored in another shape than the checkpoint's, with a transform (Mamba2's A = -exp(A_log) as
-    # [n_head, 1], the conv1d weight squeezed, ...): GGUF name -> (GGUF shape, transform of the whole
-    # checkpoint tensor as float32), or None.
-    reshape: Callable[[HFConfig, str], tuple[tuple[int, ...], Callable[[Any], Any]] | None] = _no_reshape
+    # Tensors written other than as read (Qwen3-Next: split, reordered, -exp(A_log), norms + 1): for the
+    # GGUF name a checkpoint tensor of `shape` maps to, the tensors it becomes, each (GGUF name, shape,
+    # function of the whole checkpoint tensor as float32); None: written as read.
+    rewrite: Callable[[HFConfig, str, tuple[int, ...]], list[tuple[str, tuple[int, ...], Any]] | None] = (
+        _no_rewrite
+    )
     # The spec to use for a given config.json, where one Hugging Face class converts to two GGUF
     # architectures (Nemotron-H and its MoE form); None: this one.
     variant: Callable[[dict[str, Any]], ArchSpec] | None = None

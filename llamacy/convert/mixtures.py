@@ -114,8 +114,7 @@ def allows_quantization(name: str, n_dims: int) -> bool:
     """llama.cpp tensor_allows_quantization, for the tensors of the architectures we convert."""
     if n_dims < 2 or not name.endswith("weight"):
         return False
-    # ssm_conv1d: Mamba's small convolution stays F32 (and the kernels read it as F32); ssm_a / ssm_d have no
-    # "weight" suffix, ssm_norm is a norm: the rules above keep them.
+    # llama-quantize also keeps the (small, 2-D) convolutions of recurrent layers as they are.
     return "_norm.weight" not in name and "ffn_gate_inp.weight" not in name and "ssm_conv1d" not in name
 
 

@@ -7,6 +7,7 @@ tensor's output plus one chunk of float32 rows, whatever the model's size.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -132,6 +133,16 @@ def _check_output(src: Path, out: Path) -> None:
         raise UsageError(f"output directory {out.parent} does not exist")
     if out.exists() and src.exists() and out.resolve() == src.resolve():
         raise UsageError("the output file is the source file; choose another name")
+    # A split model's other parts are sources too (gguf_split.py names them after the first).
+    m = re.search(r"-00001-of-(\d{5})\.gguf$", src.name)
+    if m and out.exists():
+        from llamacy.gguf_split import split_path, split_prefix
+
+        count = int(m.group(1))
+        prefix = split_prefix(str(src), 0, count)
+        parts = {Path(split_path(prefix, i, count)).resolve() for i in range(count)} if prefix else set()
+        if out.resolve() in parts:
+            raise UsageError("the output file is a part of the split source model; choose another name")
 
 
 def _row_bytes(t: SourceTensor, ty: int) -> int:

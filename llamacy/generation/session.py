@@ -116,6 +116,7 @@ class Session:
         keep = kv.reuse_prefix(0, ids)
         st.prompt_evaluated = len(ids) - keep
         rows = model.eval(ids[keep:], logits="last")[None, :]
+        kv.checkpoint(0)  # a recurrent model's next turn resumes here (memory.py)
         t_gen = time.perf_counter()
         st.prompt_s = t_gen - t0
         if on_prompt is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from llamacy.errors import UnsupportedModelError, UsageError
+from llamacy.errors import UsageError
 from llamacy.hub.names import HubRef, parse_ref
 from llamacy.hub.store import PulledModel, find_pulled, pulled_models
 
@@ -32,13 +32,8 @@ def pull(ref: HubRef, *, progress: bool = False) -> PulledModel:
 
 
 def model_path(model: PulledModel) -> Path:
-    """The file to load; a split model is refused here, in one line, rather than half-read."""
-    if model.variant.split:
-        raise UnsupportedModelError(
-            f"{model.name} is split into {len(model.paths)} files ({model.paths[0].parent}); llamacy loads "
-            "single-file GGUF models: join them with `llama-gguf-split --merge FIRST-PART OUT.gguf` "
-            "and pass -m OUT.gguf"
-        )
+    """The file to load: the model's file, or a split model's first part (paths are in part order; the
+    loader finds the other parts beside it, in the same snapshot, by name)."""
     return model.paths[0]
 
 

@@ -3,6 +3,7 @@
 (one job item per (token, KV group)) with the prefetches that keep it from waiting on memory, and the
 output product."""
 
+from libc.math cimport expf
 from libc.stdint cimport int64_t
 
 from llamacy.kernels.ops cimport add_inplace, attend_group, rope_table
@@ -112,6 +113,19 @@ cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthread
     parallel_for(_attend_task, job, job.n_items, max(1, job.n_items // (8 * nthreads)), nthreads)
 
 
+cdef void _gate_rows(const Scratch* s, Py_ssize_t n_head, Py_ssize_t HD, Py_ssize_t n) noexcept nogil:
+    """att[t, h] *= sigmoid(gate_h of token t's Q projection) (Qwen3-Next's gated attention)."""
+    cdef Py_ssize_t t, h, i, QW = n_head * HD
+    cdef float* a
+    cdef const float* g
+    for t in range(n):
+        for h in range(n_head):
+            a = s.att + t * QW + h * HD
+            g = s.qg + t * 2 * QW + (2 * h + 1) * HD
+            for i in range(HD):
+                a[i] = a[i] / (1.0 + expf(-g[i]))
+
+
 cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const float* rope_freqs, Py_ssize_t n,
                           int nthreads) noexcept nogil:
     """s.o[t] = the attention block of s.xn[t] for the micro-batch's n tokens; K/V rows into memory."""
@@ -120,7 +134,8 @@ cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const floa
     cdef int fmt = -1  # q, k and v read the same quantized rows
     if not L.rope_freqs:
         rope_freqs = NULL
-    product(pr, &L.wq, s.xn, E, n, s.q, &fmt, nthreads, P_MM_QKV)
+    # A gated layer's Q projection is [q_h, gate_h] per head: into s.qg, q split out per token (rowjobs).
+    product(pr, &L.wq, s.xn, E, n, s.qg if L.attn_gate else s.q, &fmt, nthreads, P_MM_QKV)
     if not L.kv_shared:  # a shared-KV layer reads an earlier layer's rows
         product(pr, &L.wk, s.xn, E, n, s.k, &fmt, nthreads, P_MM_QKV)
         if L.wv.rows:  # else V = K (rowjobs.pyx)
@@ -140,6 +155,8 @@ cdef void attention_mixer(Products* pr, AttnJob* aj, const LayerT* L, const floa
     lap(pr, P_ELEM)
     attend_rows(aj, L.window, n, nthreads)
     lap(pr, P_ATTN)
+    if L.attn_gate:
+        _gate_rows(s, aj.hp.n_head, L.head_dim, n)
     product(pr, &L.wo, s.att, aj.hp.n_head * L.head_dim, n, s.o, NULL, nthreads, P_MM_O)
     if L.bo != NULL:
         for t in range(n):

@@ -28,9 +28,12 @@ MATRICES = {
     "down_exps": _at(&_probe.down_exps), "gate_shexp": _at(&_probe.gate_shexp),
     "up_shexp": _at(&_probe.up_shexp), "down_shexp": _at(&_probe.down_shexp),
     "inp_gate": _at(&_probe.inp_gate), "proj": _at(&_probe.proj), "gate_up_exps": _at(&_probe.gate_up_exps),
+    # gated delta-net (qwen3next, qwen35)
+    "wqkv": _at(&_probe.wqkv), "wqkv_gate": _at(&_probe.wqkv_gate), "ssm_in": _at(&_probe.ssm_in),
+    "ssm_ba": _at(&_probe.ssm_ba), "ssm_beta": _at(&_probe.ssm_beta), "ssm_alpha": _at(&_probe.ssm_alpha),
+    "ssm_out": _at(&_probe.ssm_out),
     # Nemotron-H
-    "ssm_in": _at(&_probe.ssm_in), "ssm_out": _at(&_probe.ssm_out), "latent_down": _at(&_probe.latent_down),
-    "latent_up": _at(&_probe.latent_up),
+    "latent_down": _at(&_probe.latent_down), "latent_up": _at(&_probe.latent_up),
 }
 VECTORS = {
     "attn_norm": _at(&_probe.attn_norm), "attn_norm_b": _at(&_probe.attn_norm_b),
@@ -43,14 +46,15 @@ VECTORS = {
     "pe_post_norm": _at(&_probe.pe_post_norm), "gate_inp_scale": _at(&_probe.gate_inp_scale),
     "down_exps_scale": _at(&_probe.down_exps_scale), "pre_ffn_norm_2": _at(&_probe.pre_ffn_norm_2),
     "post_ffn_norm_1": _at(&_probe.post_ffn_norm_1), "post_ffn_norm_2": _at(&_probe.post_ffn_norm_2),
-    # Nemotron-H
-    "ssm_conv1d": _at(&_probe.ssm_conv1d), "ssm_conv1d_b": _at(&_probe.ssm_conv1d_b),
-    "ssm_dt_b": _at(&_probe.ssm_dt_b), "ssm_a": _at(&_probe.ssm_a), "ssm_d": _at(&_probe.ssm_d),
-    "ssm_norm": _at(&_probe.ssm_norm), "exp_probs_b": _at(&_probe.exp_probs_b),
+    # gated delta-net (qwen3next, qwen35)
+    "ssm_conv1d": _at(&_probe.ssm_conv1d), "ssm_dt": _at(&_probe.ssm_dt), "ssm_a": _at(&_probe.ssm_a),
+    "ssm_norm": _at(&_probe.ssm_norm),
+    # Nemotron-H (Mamba2's conv bias and D; the MoE's choice bias)
+    "ssm_conv1d_b": _at(&_probe.ssm_conv1d_b), "ssm_d": _at(&_probe.ssm_d), "exp_probs_b": _at(&_probe.exp_probs_b),
 }
 # LayerT's fields set from the layer's recipe rather than from tensors.
 SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale", "n_head_kv", "head_dim", "n_rot",
-            "kv_shared", "v_norm", "rope_freqs")
+            "kv_shared", "v_norm", "rope_freqs", "attn_gate")
 _MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION, "deltanet": MIXER_DELTANET, "mamba2": MIXER_MAMBA2}
 _FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE,
          "dense_moe": FFN_DENSE_MOE, "moe_ungated": FFN_MOE_UNGATED}
@@ -111,6 +115,7 @@ cdef class BoundWeights:
             L.kv_shared = spec.kv_from >= 0
             L.v_norm = v_norm
             L.rope_freqs = spec.rope_freqs
+            L.attn_gate = spec.attn_gate
             self._check_layer(i, L)
 
     cdef void _check_layer(self, Py_ssize_t i, const LayerT* L) except *:
@@ -121,6 +126,11 @@ cdef class BoundWeights:
         if L.mixer == MIXER_ATTENTION and (L.attn_norm == NULL or not (
                 L.wq.rows and L.wo.rows and (L.kv_shared or (L.wk.rows and (L.wv.rows or L.v_norm))))):
             missing.append("attention")
+        if L.mixer == MIXER_DELTANET and (L.attn_norm == NULL or not (
+                (L.ssm_in.rows or (L.wqkv.rows and L.wqkv_gate.rows))
+                and (L.ssm_ba.rows or (L.ssm_beta.rows and L.ssm_alpha.rows)) and L.ssm_out.rows
+                and L.ssm_conv1d != NULL and L.ssm_dt != NULL and L.ssm_a != NULL and L.ssm_norm != NULL)):
+            missing.append("delta-net")
         if L.ffn != FFN_NONE and L.ffn_norm == NULL:
             missing.append("ffn_norm")
         if (L.ffn == FFN_GATED or L.ffn == FFN_DENSE_MOE) and not (L.gate.rows and L.up.rows and L.down.rows):
@@ -137,7 +147,7 @@ cdef class BoundWeights:
             missing.append("experts")
         if L.mixer == MIXER_MAMBA2 and not (
                 L.attn_norm != NULL and L.ssm_in.rows and L.ssm_out.rows and L.ssm_conv1d != NULL
-                and L.ssm_dt_b != NULL and L.ssm_a != NULL and L.ssm_d != NULL and L.ssm_norm != NULL):
+                and L.ssm_dt != NULL and L.ssm_a != NULL and L.ssm_d != NULL and L.ssm_norm != NULL):
             missing.append("mamba2")
         if L.ffn == FFN_MOE_UNGATED and not (
                 L.gate_inp.rows and L.up_exps.rows and L.down_exps.rows and L.exp_probs_b != NULL

@@ -56,10 +56,13 @@ class LayerSpec:
     # the scan's state (the mixer's module documents the layout). 0 for other mixers.
     state_conv: int = 0
     state_ssm: int = 0
+    attn_gate: bool = False  # the Q projection also yields a per-head output gate (Qwen3-Next, Qwen3.5)
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS or self.ffn not in FFNS:
             raise ValueError(f"unknown block kind in {self}")
+        if (self.mixer in RECURRENT_MIXERS) != (self.state_conv + self.state_ssm > 0):
+            raise ValueError(f"a recurrent mixer needs a state, and only it: {self}")
 
     @property
     def memory(self) -> str:
@@ -121,6 +124,15 @@ class ModelConfig:
     ssm_d_state: int = 0
     ssm_n_group: int = 0
     ssm_dt_rank: int = 0
+    # Attention layers' Q projection carries q and an output gate per head, interleaved per head
+    # ([q_0, gate_0, q_1, ...]); the attention output is multiplied by sigmoid(gate) (Qwen3-Next, Qwen3.5).
+    attn_gate: bool = False
+    # The delta-net's key heads as its value heads see them: False, value head h reads key head
+    # h // (n_v / n_k) (Qwen3-Next, as Hugging Face's repeat_interleave); True, key head h % n_k (Qwen3.5:
+    # llama.cpp's converter reorders the value heads to tiled order so that ggml_repeat broadcasts).
+    ssm_k_tiled: bool = False
+    # Multi-token-prediction blocks the file holds after the n_layer layers (not run: archs/base.py).
+    n_nextn: int = 0
     v_norm: bool = False  # V rows RMS-normed without a weight (Gemma 4)
     n_embd_per_layer: int = 0  # per-layer embeddings' width (Gemma 4 E2B/E4B); 0: none
     # Mixture of experts (0 experts: a dense model). Each layer routes a token to n_expert_used of
@@ -132,9 +144,6 @@ class ModelConfig:
     expert_norm: bool = False  # renormalise the chosen experts' weights to sum to 1
     expert_scale: float = 1.0  # the chosen experts' weights multiplied by this (expert_weights_scale)
     moe_latent_size: int = 0  # > 0: the experts work in a latent space of this width (ffn_latent_down/up)
-    # Multi-token-prediction blocks the file carries after the last layer (nextn_predict_layers, counted in
-    # its block_count): their tensors (blk.{n_layer}.* on) are left unread; the loop runs n_layer layers.
-    n_layer_nextn: int = 0
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -189,6 +198,7 @@ class ModelConfig:
                 self.layer_rope_freqs[i],
                 self.layer_state_conv[i],
                 self.layer_state_ssm[i],
+                self.attn_gate and self.layer_mixer[i] == "attention",
             )
             for i in range(self.n_layer)
         ]
@@ -366,7 +376,7 @@ def kv_slots(spec: LayerSpec, n_ctx: int, ubatch: int) -> int:
     tokens all write before any attends, so the ring must not wrap under the batch), stored twice over so
     that every window is one contiguous run of rows (memory.py). Where that is no smaller than n_ctx, the
     layer keeps the whole context like a full one."""
-    if spec.memory in (MEMORY_NONE, MEMORY_SHARED):
+    if spec.memory not in (MEMORY_KV, MEMORY_WINDOW):
         return 0
     ring = ring_size(spec, n_ctx, ubatch)
     return 2 * ring if ring else n_ctx

@@ -22,11 +22,12 @@ from llamacy.kernels.ops cimport scale_inplace
 from llamacy.kernels.quant cimport dequantize_row
 from llamacy.model.attention cimport AttnJob, attention_mixer, warm_kv
 from llamacy.model.binding cimport BoundWeights
+from llamacy.model.deltanet cimport DeltaSpace, deltanet_mixer
 from llamacy.model.dense_moe cimport dense_moe_ffn
 from llamacy.model.ffn cimport dense_ffn
 from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_DENSE_MOE, FFN_MOE, FFN_MOE_UNGATED, FFN_NONE,
-                                   HParams, KVRows, LayerT, MIXER_ATTENTION, MIXER_MAMBA2, MIXER_NONE, NORM_LAYER,
-                                   NORM_RMS, Scratch, StateRows, WeightT)
+                                   HParams, KVRows, LayerT, MIXER_ATTENTION, MIXER_DELTANET, MIXER_MAMBA2, MIXER_NONE,
+                                   NORM_LAYER, NORM_RMS, Scratch, StateRows, WeightT)
 from llamacy.model.mamba2 cimport Mamba2Space, mamba2_mixer
 from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
 from llamacy.model.moe_ungated cimport moe_ungated_ffn
@@ -104,6 +105,7 @@ cdef class Forward:
     cdef MoeSpace moe  # None for a dense model
     cdef MoeJob* mj    # its job; NULL for a dense model
     cdef PleSpace ple  # per-layer embeddings (Gemma 4 E2B/E4B); None without
+    cdef DeltaSpace dn  # the gated delta-net's activations; None without such layers
     cdef Mamba2Space m2  # Mamba2 layers' activations (Nemotron-H); None without
     # The memory: one record per layer, the arrays behind them kept alive.
     cdef LayerMem* mem
@@ -142,9 +144,12 @@ cdef class Forward:
         # are MoeSpace's.
         wide = cfg.widest()
         only_moe = cfg.n_expert and all(f == "moe" for f in cfg.layer_ffn)
-        self.scratch = ScratchSpace(cfg.n_embd, wide["q"], wide["kv"], wide["group"],
-                                    1 if only_moe else wide["n_ff"], wide["n_rot"], ubatch, n_ctx_max,
-                                    threads_max)
+        # The activation rows products quantize (s.aq) are as wide as the widest input, and a delta-net's
+        # output projection reads rows of ssm_d_inner values.
+        self.scratch = ScratchSpace(cfg.n_embd, max(wide["q"], getattr(cfg, "ssm_d_inner", 0)), wide["kv"],
+                                    wide["group"], 1 if only_moe else wide["n_ff"], wide["n_rot"], ubatch,
+                                    n_ctx_max, threads_max, getattr(cfg, "attn_gate", False))
+        self.dn = DeltaSpace(cfg, ubatch) if "deltanet" in getattr(cfg, "layer_mixer", ()) else None
         self.rj.hp = &self.hp
         self.rj.s = &self.scratch.s
         self.rj.kv = &self.kv
@@ -379,7 +384,9 @@ cdef class Forward:
                     attention_mixer(pr, &self.aj, L, self.w.rope_freqs, n, nthreads)
                 else:  # a recurrent mixer: its output into s.o, like attention's
                     self._bind_state(l)
-                    if L.mixer == MIXER_MAMBA2:
+                    if L.mixer == MIXER_DELTANET:
+                        deltanet_mixer(pr, &self.dn.job, L, &self.sr, s.xn, E, s.o, n, nthreads)
+                    elif L.mixer == MIXER_MAMBA2:
                         mamba2_mixer(pr, &self.m2.job, L, &self.sr, s.xn, s.o, n, nthreads)
                 # x += post_attn_norm(o), then the feed-forward block's input norm, in one pass per token.
                 if L.ffn != FFN_NONE:

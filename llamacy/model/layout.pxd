@@ -113,18 +113,30 @@ ctypedef struct LayerT:
     WeightT inp_gate
     WeightT proj
     const float* pe_post_norm
-    # Nemotron-H. Mamba2 (mamba2.pyx): in-projection [z, xBC, dt] and out-projection; as F32 vectors the
-    # convolution [conv channels, d_conv] and its bias (NULL: none), dt bias, A (= -exp(A_log)) and D per
-    # head, the grouped norm [n_group, d_inner / n_group]. MoE_UNGATED (moe_ungated.pyx): the per-expert
-    # bias added to the router's sigmoid for the choice only, the latent projections (rows 0: none).
+    # Qwen3-Next / Qwen3.5. attn_gate: wq has 2 * n_head * head_dim rows, q and an output gate interleaved
+    # per head; the attention output is multiplied by sigmoid(gate) before wo (attention.pyx).
+    int attn_gate
+    # The gated delta-net mixer (deltanet.pyx): q/k/v projected together (wqkv) and the output gate z
+    # (wqkv_gate), or all four by one legacy ssm_in; beta and alpha fused per key head (ssm_ba, qwen3next)
+    # or separate (ssm_beta, ssm_alpha, qwen35); the depthwise causal convolution [channels, d_conv]; the
+    # per-head dt bias and decay rate A (-exp(A_log)); the gated norm [head_v_dim]; the output projection.
+    WeightT wqkv
+    WeightT wqkv_gate
     WeightT ssm_in
+    WeightT ssm_ba
+    WeightT ssm_beta
+    WeightT ssm_alpha
     WeightT ssm_out
     const float* ssm_conv1d
-    const float* ssm_conv1d_b
-    const float* ssm_dt_b
+    const float* ssm_dt
     const float* ssm_a
-    const float* ssm_d
     const float* ssm_norm
+    # Nemotron-H. Mamba2 (mamba2.pyx) uses ssm_in [z, xBC, dt], ssm_conv1d [conv channels, d_conv], ssm_dt
+    # (the dt bias), ssm_a, ssm_norm [n_group, d_inner / n_group] and ssm_out above, and: the convolution's
+    # bias (NULL: none), D per head. MOE_UNGATED (moe_ungated.pyx): the per-expert bias added to the
+    # router's sigmoid for the choice only; the latent projections (rows 0: none).
+    const float* ssm_conv1d_b
+    const float* ssm_d
     const float* exp_probs_b
     WeightT latent_down
     WeightT latent_up
@@ -141,6 +153,7 @@ ctypedef struct Scratch:
     float* g        # [n, n_ff]
     float* u        # [n, n_ff]
     float* cs       # RoPE cos/sin per token [n, n_rot]
+    float* qg       # gated attention's Q projection, q and gate per head [n, 2 * q width] (else unused)
     float* scores   # per thread [n_threads_max, group, n_ctx]: one row per query head of a KV group
     uint8_t* aq     # quantized activations [n, max act row bytes]
 

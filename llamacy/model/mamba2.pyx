@@ -118,7 +118,7 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
         for t in range(J.n):
             # The ssm part of t's sequence state (zeroed with the conv part by _conv at position 0).
             S = sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats + sr.conv + h * HD * DS
-            dt = _softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt_b[h])
+            dt = _softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])
             dA = expf(dt * L.ssm_a[h])
             x = J.xbc + t * C + h * HD
             B = J.xbc + t * C + DI + g * DS

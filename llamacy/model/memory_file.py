@@ -11,9 +11,11 @@ Layout (all integers little-endian):
     checksum  32 bytes SHA-256 of everything before it
 
 "model" is the model's identity (model_identity: a hash of the GGUF header, that is its metadata and its tensor
-table: names, types, shapes and offsets, never the weights). Each layer's entry is {"kind", "first", "count",
-"n_head_kv", "row_bytes"}: it holds positions first .. first + count - 1 (a full layer 0 .. n_tokens - 1; a
-sliding-window ring the positions still in its ring, each row once; a shared or attention-free layer none).
+table: names, types, shapes and offsets, never the weights; of a split model, every part's header). Each layer's
+entry is {"kind", "first", "count", "n_head_kv", "row_bytes"}: it holds positions first .. first + count - 1 (a
+full layer 0 .. n_tokens - 1; a sliding-window ring the positions still in its ring, each row once; a shared or
+attention-free layer none). A recurrent layer's entry adds "floats": its payload is its state after the
+n_tokens (float32 × floats).
 
 A file is written to a temporary name in its directory and renamed, so a reader sees the old file or the new
 one. Loading reads and checks the whole file (magic, version, checksum, model, architecture, KV type, layer
@@ -60,19 +62,21 @@ class MemoryFile:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_identities: dict[tuple[str, int, int], str] = {}
+_identities: dict[tuple[tuple[str, int, int], ...], str] = {}
 
 
 def model_identity(gguf: Any) -> str:
-    """A hash of a GGUF file's header (magic, metadata, tensor table), not of its weights: cheap, and two
-    files that differ in any metadata item or tensor name, type, shape or offset differ in it."""
-    path = os.fspath(gguf.path)
-    st = os.stat(path)
-    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    """A hash of a GGUF model's header (magic, metadata, tensor table), not of its weights: cheap, and two
+    files that differ in any metadata item or tensor name, type, shape or offset differ in it. A split model
+    hashes every part's header, in order (one part: the same hash as before splits were read)."""
+    stats = [(p, os.stat(p.path)) for p in gguf.parts]
+    key = tuple((os.path.realpath(p.path), st.st_size, st.st_mtime_ns) for p, st in stats)
     if key not in _identities:
-        with open(path, "rb") as f:
-            head = f.read(int(gguf.data_offset))
-        _identities[key] = hashlib.sha256(head).hexdigest()
+        h = hashlib.sha256()
+        for p, _ in stats:
+            with open(p.path, "rb") as f:
+                h.update(f.read(p.data_offset))
+        _identities[key] = h.hexdigest()
     return _identities[key]
 
 
@@ -106,10 +110,19 @@ def save_memory(
         raise MemoryFileError(
             f"a sliding-window layer no longer holds the rows of the first {n} tokens; nothing saved"
         )
+    states = memory.state_at(seq, n) if memory.recurrent else []
+    if states is None:
+        raise MemoryFileError(f"no copy of the recurrent state after {n} tokens is kept; nothing saved")
+    states = iter(states)
     high = memory.high[seq]
     layers = []
     blocks: list[np.ndarray] = [np.asarray(tokens[:n], dtype="<i4")]
     for lm in memory.layers:
+        if lm.state is not None:
+            layers.append({"kind": lm.kind, "first": 0, "count": 0, "n_head_kv": 0, "row_bytes": 0,
+                           "floats": lm.state.shape[2]})  # fmt: skip
+            blocks.append(np.asarray(next(states), dtype="<f4"))
+            continue
         if lm.k is None or lm.shared_from >= 0:
             layers.append({"kind": lm.kind, "first": 0, "count": 0, "n_head_kv": 0, "row_bytes": 0})
             continue
@@ -224,7 +237,19 @@ def _apply(
     if n and (tokens.min() < 0 or tokens.max() >= 1 << 31):
         raise MemoryFileError(f"{name}: corrupt token ids")
     plan = []
+    states = []
     for il, (lm, e) in enumerate(zip(memory.layers, entries, strict=True)):
+        if (e["kind"] == "recurrent") != (lm.state is not None):
+            raise MemoryFileError(f"{name}: layer {il} does not match this model's memory")
+        if lm.state is not None:
+            floats = int(e["floats"])
+            if floats != lm.state.shape[2]:
+                raise MemoryFileError(f"{name}: layer {il}'s state does not match this model's")
+            if off + 4 * floats > len(payload):
+                raise MemoryFileError(f"{name}: truncated memory file")
+            states.append((lm, np.frombuffer(payload[off : off + 4 * floats], dtype="<f4")))
+            off += 4 * floats
+            continue
         own = lm.k is not None and lm.shared_from < 0
         if not own:
             if e["count"]:
@@ -263,6 +288,8 @@ def _apply(
             dst[seq][:, idx, :] = src[:, skip:, :]
             if lm.ring:  # every row is stored twice (memory.py)
                 dst[seq][:, idx + lm.ring, :] = src[:, skip:, :]
+    for lm, st in states:
+        lm.state[seq, 0] = st
     memory.tokens[seq] = [int(t) for t in tokens]
     memory.high[seq] = high if any(lm.ring for lm in memory.layers) else n
     return MemoryFile(memory.tokens[seq][:], memory.high[seq], dict(header.get("extra") or {}))

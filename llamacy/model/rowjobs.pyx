@@ -30,6 +30,11 @@ cdef void _qkv_row(const RowJob* j, Py_ssize_t t) noexcept nogil:
     cdef float* k = j.s.k + t * KVW
     cdef float* v = j.s.v + t * KVW
     cdef const float* cs = j.s.cs + t * L.n_rot
+    cdef const float* qg
+    if L.attn_gate:  # q of each head out of the projection's [q_h, gate_h] pairs; the gates stay in s.qg
+        qg = j.s.qg + t * 2 * QW
+        for h in range(hp.n_head):
+            memcpy(q + h * HD, qg + 2 * h * HD, HD * sizeof(float))
     if L.kv_shared:  # K/V rows are an earlier layer's: only the query
         if L.q_norm != NULL:
             rmsnorm_heads(q, L.q_norm, hp.n_head, HD, hp.rms_eps)

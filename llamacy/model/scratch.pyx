@@ -10,9 +10,10 @@ import numpy as np
 
 cdef class ScratchSpace:
     def __init__(self, Py_ssize_t n_embd, Py_ssize_t qw, Py_ssize_t kvw, Py_ssize_t group, Py_ssize_t n_ff,
-                 Py_ssize_t n_rot, Py_ssize_t ubatch, Py_ssize_t n_ctx_max, int threads_max):
+                 Py_ssize_t n_rot, Py_ssize_t ubatch, Py_ssize_t n_ctx_max, int threads_max, bint qgate=False):
         """The widest layer's widths (ModelConfig.widest): q row qw, K/V row kvw, query heads per KV head
-        group, feed-forward n_ff, rotary dimensions n_rot."""
+        group, feed-forward n_ff, rotary dimensions n_rot; qgate: attention layers project q and an
+        output gate together (ModelConfig.attn_gate), into s.qg."""
         cdef Py_ssize_t n = ubatch
         cdef Py_ssize_t widest = max(n_embd, qw, n_ff)
         # The float32 activation format is the widest (4 bytes a value); quantized ones are smaller.
@@ -31,6 +32,7 @@ cdef class ScratchSpace:
         self.s.g = self._floats(n * n_ff)
         self.s.u = self._floats(n * n_ff)
         self.s.cs = self._floats(n * max(n_rot, 2))
+        self.s.qg = self._floats(n * 2 * qw if qgate else 1)
         # Per thread, a row of n_ctx scores for each query head of a KV group (attention.pyx's job items).
         self.s.scores = self._floats(self.threads_max * max(1, group) * n_ctx_max)
         aq = np.zeros(n * aq_row + 64, np.uint8)

@@ -7,7 +7,6 @@ Weights stay in the memory-mapped file; only the small norm and bias vectors are
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,13 +91,12 @@ class WeightBinder:
     def vector(
         self, name: str, n: int, optional: bool = False, shape: tuple[int, ...] | None = None
     ) -> np.ndarray | None:
-        """A float32 vector of n values; shape: the stored shape when it has more than one dimension (a small
-        tensor the kernels read whole, such as Mamba2's [channels, d_conv] convolution), read flat."""
+        """A float vector of n values; shape: the 2-D shape a tensor read flat must have (ssm_conv1d)."""
         t = self._tensor(name, optional)
         if t is None:
             return None
-        if tuple(t.shape) == (1, n) or (shape is not None and tuple(t.shape) == shape):
-            # a [1, n] matrix is a vector (qwen2moe's shared-expert gate)
+        # A [1, n] matrix is a vector (qwen2moe's shared-expert gate), as is a declared 2-D shape.
+        if tuple(t.shape) in ((1, n), shape):
             t = _Flat(t.data, t.type, (n,), t.n_bytes)
         elif shape is not None:
             raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {shape}")
@@ -128,9 +126,8 @@ class WeightBinder:
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
-        # A multi-token-prediction block after the last layer is the file's, not the loop's (ModelConfig).
-        mtp = tuple(f"blk.{il}." for il in range(c.n_layer, c.n_layer + c.n_layer_nextn))
-        unread = sorted(n for n in set(self.tensors) - used if not (mtp and n.startswith(mtp)))
+        ignored = arch.ignored_prefixes(c)
+        unread = sorted(n for n in set(self.tensors) - used if not (ignored and n.startswith(ignored)))
         if unread:
             raise UnsupportedModelError(
                 f"{self.source}: tensor {unread[0]} is not part of a {c.arch} model as llamacy runs it"
@@ -152,8 +149,8 @@ class WeightBinder:
             return self.matrix(spec.name, *spec.shape, optional=spec.optional)
         if spec.kind == EXPERTS:
             return self.experts(spec.name, spec.shape[1], spec.shape[2], optional=spec.optional)
-        if len(spec.shape) > 1:
-            return self.vector(spec.name, math.prod(spec.shape), spec.optional, tuple(spec.shape))
+        if len(spec.shape) == 2:
+            return self.vector(spec.name, spec.shape[0] * spec.shape[1], spec.optional, spec.shape)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
 
 

@@ -285,12 +285,17 @@ class Scheduler:
         req = handle.request
         prompt = req.prompt
         kv = self.model.kv
-        # The free slot sharing the longest prefix with the prompt; else the least recently used one, so
-        # that recent conversations keep their cache longest.
+
+        # The free slot that can keep the longest prefix of the prompt (what its memory can go back to:
+        # memory.best_cut); else the least recently used one, so that recent conversations keep their
+        # cache longest.
+        def kept(s: int) -> int:
+            return kv.best_cut(s, min(kv.common_prefix(s, prompt), len(prompt) - 1))
+
         slot = (
             req.slot
             if req.slot is not None
-            else max(self._free, key=lambda s: (kv.common_prefix(s, prompt), -self._last_used[s]))
+            else max(self._free, key=lambda s: (kept(s), -self._last_used[s]))
         )
         self._free.remove(slot)
         keep = kv.reuse_prefix(slot, prompt)

@@ -90,6 +90,8 @@ class StepPlan:
         for s, chunk in self.chunks:
             kv.append(s.slot, chunk)
             s.n_prompt_done += len(chunk)
+            if s.n_prompt_done == len(s.prompt):
+                kv.checkpoint(s.slot)  # a recurrent model's next turn resumes here (memory.py)
 
 
 def plan_step(active: Iterable[Running], kv: Memory, prefill_chunk: int, solo_chunk: int) -> StepPlan:

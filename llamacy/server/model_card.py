@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import threading
 import time
 from collections import Counter
@@ -67,9 +68,9 @@ class ModelCard:
 
     name: str  # with its tag
     path: Path
-    file_size: int
+    file_size: int  # a split model's: all parts together
     modified_at: str
-    digest: str  # sha256 of the file, hex
+    digest: str  # sha256 of the file (a split model's parts one after another), hex
     arch: str
     n_params: int
     weights_bytes: int
@@ -107,11 +108,13 @@ def _quantization(gguf: Any) -> str:
     return by_bytes.most_common(1)[0][0] if by_bytes else "unknown"
 
 
-def _sha256(path: Path) -> str:
+def _sha256(paths: list[Path]) -> str:
+    """Of a single file, its sha256; of a split model, that of its parts' bytes one after another."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    for path in paths:
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
     return h.hexdigest()
 
 
@@ -132,8 +135,8 @@ def card(name: str, gguf: Any) -> ModelCard:
         name=tagged(name),
         path=path,
         file_size=gguf.file_size,
-        modified_at=rfc3339(path.stat().st_mtime),
-        digest=_sha256(path),
+        modified_at=rfc3339(max(os.stat(p.path).st_mtime for p in gguf.parts)),
+        digest=_sha256([Path(p.path) for p in gguf.parts]),
         arch=str(gguf.metadata.get("general.architecture", "unknown")),
         n_params=int(sum(t.n_elements for t in gguf.tensors.values())),
         weights_bytes=int(sum(t.n_bytes for t in gguf.tensors.values())),

@@ -19,11 +19,17 @@ from llamacy.model.archs.qwen2 import Qwen2
 from llamacy.model.archs.qwen2moe import Qwen2Moe
 from llamacy.model.archs.qwen3 import Qwen3
 from llamacy.model.archs.qwen3moe import Qwen3Moe
+from llamacy.model.archs.qwen3next import Qwen3Next, Qwen35, Qwen35Moe
 from llamacy.model.config import ModelConfig
 
-_ALL = (Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Gemma4(), Nemotron())
-_ALL += (NemotronH(), NemotronHMoe())
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in _ALL}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        *(Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Gemma4(), Nemotron()),
+        *(Qwen3Next(), Qwen35(), Qwen35Moe()),
+        *(NemotronH(), NemotronHMoe()),
+    )
+}
 
 
 def architecture(md: dict[str, Any], source: str) -> Architecture:

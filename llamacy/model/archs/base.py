@@ -44,7 +44,8 @@ class TensorSpec:
 def tensor_name(tensor: T, il: int | None = None, suffix: str = "weight") -> str:
     """The GGUF name of a tensor as the gguf package's table spells it (`blk.{il}.attn_q.weight`)."""
     base = TENSOR_NAMES[tensor]
-    return f"{base.format(bid=il) if il is not None else base}.{suffix}"
+    base = base.format(bid=il) if il is not None else base
+    return f"{base}.{suffix}" if suffix else base  # suffix "": a bare name (blk.N.ssm_a)
 
 
 def mat(field: str, tensor: T, il: int | None, rows: int, cols: int, optional: bool = False) -> TensorSpec:
@@ -55,6 +56,11 @@ def vec(
     field: str, tensor: T, il: int | None, n: int, optional: bool = False, suffix: str = "weight"
 ) -> TensorSpec:
     return TensorSpec(field, tensor_name(tensor, il, suffix), VECTOR, (n,), optional, tensor)
+
+
+def vec2d(field: str, tensor: T, il: int, rows: int, cols: int) -> TensorSpec:
+    """A 2-D float tensor read as one flat vector of rows * cols values (ssm_conv1d [channels, kernel])."""
+    return TensorSpec(field, tensor_name(tensor, il), VECTOR, (rows, cols), False, tensor)
 
 
 def experts(field: str, tensor: T, il: int, n_expert: int, rows: int, cols: int) -> TensorSpec:
@@ -172,6 +178,12 @@ class Architecture:
         # Llama 3.1-style rope factors only where the gguf table gives the architecture that tensor.
         specs = output_tensors(cfg, self.output_norm_bias)
         return [s for s in specs if s.tensor != T.ROPE_FREQS or T.ROPE_FREQS in self.gguf_tensors]
+
+    def ignored_prefixes(self, cfg: ModelConfig) -> tuple[str, ...]:
+        """Name prefixes of tensors the file holds but the model does not run, so not bound: the
+        multi-token-prediction blocks after the last layer (cfg.n_nextn; llama.cpp's converter writes them
+        and counts them in block_count). Anything else unread stays an error (weights.py)."""
+        return tuple(f"blk.{il}." for il in range(cfg.n_layer, cfg.n_layer + cfg.n_nextn))
 
     @property
     def gguf_tensors(self) -> list[T]:

@@ -130,7 +130,7 @@ class NemotronH(Architecture):
             ssm_d_state=d_state,
             ssm_n_group=n_group,
             ssm_dt_rank=n_ssm_head,
-            n_layer_nextn=nextn,
+            n_nextn=nextn,
             **moe,
         )
 
@@ -153,7 +153,7 @@ class NemotronH(Architecture):
                 mat("ssm_in", T.SSM_IN, il, 2 * DI + 2 * NG * DS + NH, E),
                 small("ssm_conv1d", T.SSM_CONV1D, (C, cfg.ssm_d_conv)),
                 vec("ssm_conv1d_b", T.SSM_CONV1D, il, C, optional=True, suffix="bias"),
-                vec("ssm_dt_b", T.SSM_DT, il, NH, suffix="bias"),
+                vec("ssm_dt", T.SSM_DT, il, NH, suffix="bias"),
                 small("ssm_a", T.SSM_A, (NH, 1), suffix=""),
                 small("ssm_d", T.SSM_D, (NH, 1), suffix=""),
                 small("ssm_norm", T.SSM_NORM, (NG, DI // NG)),

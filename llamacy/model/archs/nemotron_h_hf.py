@@ -168,8 +168,13 @@ def _layer_shapes(c: HFConfig, il: int) -> dict[str, tuple[int, ...] | None]:
     return shapes
 
 
+def _rewrite(c: HFConfig, name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], Any]] | None:
+    """The Mamba2 tensors llama.cpp's converter reshapes or transforms: [(name, GGUF shape, transform)]."""
+    plan = _reshape(c, name)
+    return None if plan is None else [(name, *plan)]
+
+
 def _reshape(c: HFConfig, name: str) -> tuple[tuple[int, ...], Callable[[np.ndarray], np.ndarray]] | None:
-    """The Mamba2 tensors llama.cpp's converter reshapes or transforms: (GGUF shape, transform)."""
     dc, nh, hd, ds, ng = _ssm(c)
     suffix = name.split(".", 2)[-1]
     if suffix == "ssm_a":
@@ -248,7 +253,7 @@ def _spec(arch: str, moe: bool, variant: Callable[[dict[str, Any]], ArchSpec] | 
         rename=_rename,
         skip=_skip,
         overrides=_overrides,
-        reshape=_reshape,
+        rewrite=_rewrite,
         variant=variant,
     )
 

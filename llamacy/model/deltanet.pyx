@@ -1,0 +1,228 @@
+# cython: language_level=3
+"""The gated delta-net mixer of Qwen3-Next and Qwen3.5 (llama.cpp's delta-net-base.cpp; Hugging Face's
+Qwen3NextGatedDeltaNet with torch_recurrent_gated_delta_rule), in its recurrent per-token form for prompts
+and decode alike, so that a token's result never depends on how the tokens were batched.
+
+Per token: q, k, v = the causal depthwise convolution (width d_conv, carried over the sequence's last
+d_conv - 1 inputs) of the projected [q | k | v], SiLU; q and k L2-normed per key head (x / sqrt(|x|² +
+1e-6), as Hugging Face's l2norm), q scaled by 1/sqrt(dk); beta = sigmoid(b), g = softplus(a + dt_bias)·A
+per value head; then for each value head h (reading key head kh: DeltaJob.k_tiled says which):
+    S ← S·exp(g);  d = beta·(v - S k);  S ← S + d kᵀ;  o = S q
+with S [dv, dk] (row i: value component i over the key components: llama.cpp's layout); then
+o ← rmsnorm(o)·ssm_norm·SiLU(z) per head, and ssm_out.
+
+The state of one sequence in a layer's memory (ModelConfig.layer_state_conv / layer_state_ssm):
+    conv: (d_conv - 1) rows of `channels` floats, the convolution's last inputs, oldest first;
+    ssm:  n_v heads of [dv, dk] floats, S above.
+Two passes keep a micro-batch's tokens of one sequence in order while heads run in parallel: the
+convolution and per-token gates over all tokens in batch order (one thread: O(channels·d_conv) a token),
+then every head over all tokens (the team, one head per item). Each pass copies its part of the state after
+a token into that token's snapshot slot (layout.pxd's snapshot_slot) and zeroes its part at position 0.
+"""
+
+from libc.math cimport expf, log1pf, sqrtf
+from libc.stdint cimport int64_t
+from libc.string cimport memcpy, memset
+
+from llamacy.kernels.parallel cimport parallel_for
+from llamacy.model.layout cimport LayerT, StateRows, snapshot_slot
+from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
+
+import numpy as np
+
+# Hugging Face's l2norm epsilon (added to the squared norm).
+cdef float L2_EPS = 1e-6
+
+
+cdef class DeltaSpace:
+    """The mixer's activations for micro-batches of up to ubatch tokens, sized by the config."""
+
+    def __init__(self, cfg, Py_ssize_t ubatch):
+        cdef DeltaJob* j = &self.job
+        self._arrays = []
+        j.n_k = cfg.ssm_n_group
+        j.dk = cfg.ssm_d_state
+        j.n_v = cfg.ssm_dt_rank
+        if j.n_v <= 0 or j.n_k <= 0 or j.n_v % j.n_k or cfg.ssm_d_inner % j.n_v:
+            raise ValueError("delta-net heads do not divide")
+        j.dv = cfg.ssm_d_inner // j.n_v
+        j.d_conv = cfg.ssm_d_conv
+        j.channels = 2 * j.n_k * j.dk + j.n_v * j.dv
+        j.k_tiled = cfg.ssm_k_tiled
+        j.eps = cfg.rms_eps
+        cdef Py_ssize_t n = ubatch, VD = j.n_v * j.dv
+        j.qkv = self._floats(n * j.channels)
+        j.cv = self._floats(n * j.channels)
+        j.z = self._floats(n * VD)
+        j.beta = self._floats(n * j.n_v)
+        j.g = self._floats(n * 2 * j.n_v)
+        j.y = self._floats(n * VD)
+        j.tmp = self._floats(n * (j.channels + VD))
+
+    cdef float* _floats(self, Py_ssize_t n) except NULL:
+        arr = np.zeros(max(n, 1), np.float32)
+        self._arrays.append(arr)
+        cdef float[::1] f = arr
+        return &f[0]
+
+
+cdef inline float* _live(const StateRows* sr, Py_ssize_t t) noexcept nogil:
+    """Token t's sequence's live state (not zeroed: each pass zeroes its own part at position 0)."""
+    return sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
+
+
+cdef inline float _softplus(float x) noexcept nogil:
+    # torch's softplus returns x itself above its threshold of 20.
+    return x if x > 20.0 else log1pf(expf(x))
+
+
+cdef void _split_legacy(DeltaJob* j, Py_ssize_t n) noexcept nogil:
+    """A legacy ssm_in's rows, [q, k, v, z] per key head, into qkv ([q…, k…, v…]) and z."""
+    cdef Py_ssize_t t, h, KD = j.n_k * j.dk, r = j.n_v // j.n_k, VG = r * j.dv, G = 2 * j.dk + 2 * VG
+    cdef const float* src
+    for t in range(n):
+        for h in range(j.n_k):
+            src = j.tmp + t * (j.channels + j.n_v * j.dv) + h * G
+            memcpy(j.qkv + t * j.channels + h * j.dk, src, j.dk * sizeof(float))
+            memcpy(j.qkv + t * j.channels + KD + h * j.dk, src + j.dk, j.dk * sizeof(float))
+            memcpy(j.qkv + t * j.channels + 2 * KD + h * VG, src + 2 * j.dk, VG * sizeof(float))
+            memcpy(j.z + t * j.n_v * j.dv + h * VG, src + 2 * j.dk + VG, VG * sizeof(float))
+
+
+cdef void _l2norm(float* x, Py_ssize_t n, float scale) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef float ss = 0.0
+    for i in range(n):
+        ss += x[i] * x[i]
+    cdef float inv = scale / sqrtf(ss + L2_EPS)
+    for i in range(n):
+        x[i] *= inv
+
+
+cdef void _conv_pass(DeltaJob* j, const LayerT* L, const StateRows* sr, Py_ssize_t n) noexcept nogil:
+    """The convolution over every token in batch order (carrying each sequence's last inputs), SiLU, q/k
+    L2 norms; beta and g per value head."""
+    cdef Py_ssize_t C = j.channels, K = j.d_conv, P = K - 1, t, c, i, h, r = j.n_v // j.n_k
+    cdef Py_ssize_t KD = j.n_k * j.dk
+    cdef float* st
+    cdef float* slot
+    cdef const float* x
+    cdef float* y
+    cdef const float* w
+    cdef float acc, a, b
+    cdef float qscale = 1.0 / sqrtf(<float>j.dk)
+    for t in range(n):
+        st = _live(sr, t)
+        if sr.pos[t] == 0:
+            memset(st, 0, P * C * sizeof(float))
+        x = j.qkv + t * C
+        y = j.cv + t * C
+        for c in range(C):
+            w = L.ssm_conv1d + c * K
+            acc = 0.0
+            for i in range(P):
+                acc = acc + st[i * C + c] * w[i]
+            acc = acc + x[c] * w[P]
+            y[c] = acc / (1.0 + expf(-acc))
+        # The window moves on by one input: drop the oldest, keep this token's.
+        if P > 0:
+            memcpy(st, st + C, (P - 1) * C * sizeof(float))
+            memcpy(st + (P - 1) * C, x, C * sizeof(float))
+        slot = snapshot_slot(sr, t)
+        if slot != NULL:
+            memcpy(slot, st, P * C * sizeof(float))
+        for h in range(j.n_k):
+            _l2norm(y + h * j.dk, j.dk, qscale)
+            _l2norm(y + KD + h * j.dk, j.dk, 1.0)
+        # beta and alpha: fused per key head [b × r, a × r] (qwen3next's ssm_ba) or two products.
+        for h in range(j.n_v):
+            if L.ssm_ba.rows:
+                b = j.g[t * 2 * j.n_v + (h // r) * 2 * r + h % r]
+                a = j.g[t * 2 * j.n_v + (h // r) * 2 * r + r + h % r]
+            else:
+                b = j.beta[t * j.n_v + h]
+                a = j.g[t * j.n_v + h]
+            j.beta[t * j.n_v + h] = 1.0 / (1.0 + expf(-b))
+            j.y[t * j.n_v * j.dv + h] = _softplus(a + L.ssm_dt[h]) * L.ssm_a[h]  # g, parked in y
+    # g out of y (y is written by the head pass; g's raw b/a rows were read above).
+    for t in range(n):
+        memcpy(j.g + t * j.n_v, j.y + t * j.n_v * j.dv, j.n_v * sizeof(float))
+
+
+cdef void _heads_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Value heads begin..end-1 over every token of the micro-batch, in batch order."""
+    cdef DeltaJob* j = <DeltaJob*> ctx
+    cdef const StateRows* sr = j.sr
+    cdef const LayerT* L = j.L
+    cdef Py_ssize_t h, t, i, kk, kh, C = j.channels, DK = j.dk, DV = j.dv, KD = j.n_k * j.dk
+    cdef Py_ssize_t conv = sr.conv, HS = j.dv * j.dk, r = j.n_v // j.n_k
+    cdef float* S
+    cdef float* row
+    cdef float* slot
+    cdef float* o
+    cdef const float* q
+    cdef const float* k
+    cdef const float* v
+    cdef const float* z
+    cdef float decay, beta, sk, d, acc, ss, inv, zz
+    for h in range(begin, end):
+        kh = h % j.n_k if j.k_tiled else h // r
+        for t in range(j.n):
+            S = _live(sr, t) + conv + h * HS
+            if sr.pos[t] == 0:
+                memset(S, 0, HS * sizeof(float))
+            q = j.cv + t * C + kh * DK
+            k = j.cv + t * C + KD + kh * DK
+            v = j.cv + t * C + 2 * KD + h * DV
+            o = j.y + t * j.n_v * DV + h * DV
+            decay = expf(j.g[t * j.n_v + h])
+            beta = j.beta[t * j.n_v + h]
+            for i in range(DV):
+                row = S + i * DK
+                sk = 0.0
+                for kk in range(DK):
+                    row[kk] = row[kk] * decay
+                    sk = sk + row[kk] * k[kk]
+                d = beta * (v[i] - sk)
+                acc = 0.0
+                for kk in range(DK):
+                    row[kk] = row[kk] + k[kk] * d
+                    acc = acc + row[kk] * q[kk]
+                o[i] = acc
+            # The gated norm: rmsnorm(o) · ssm_norm · SiLU(z).
+            z = j.z + t * j.n_v * DV + h * DV
+            ss = 0.0
+            for i in range(DV):
+                ss = ss + o[i] * o[i]
+            inv = 1.0 / sqrtf(ss / DV + j.eps)
+            for i in range(DV):
+                zz = z[i]
+                o[i] = o[i] * inv * L.ssm_norm[i] * (zz / (1.0 + expf(-zz)))
+            slot = snapshot_slot(sr, t)
+            if slot != NULL:
+                memcpy(slot + conv + h * HS, S, HS * sizeof(float))
+
+
+cdef void deltanet_mixer(Products* pr, DeltaJob* j, const LayerT* L, const StateRows* sr, const float* xn,
+                         Py_ssize_t n_embd, float* out, Py_ssize_t n, int nthreads) noexcept nogil:
+    cdef int fmt = -1  # every input projection reads the same quantized rows of xn
+    cdef Py_ssize_t E = n_embd
+    if L.ssm_in.rows:
+        product(pr, &L.ssm_in, xn, E, n, j.tmp, &fmt, nthreads, P_MM_QKV)
+        _split_legacy(j, n)
+    else:
+        product(pr, &L.wqkv, xn, E, n, j.qkv, &fmt, nthreads, P_MM_QKV)
+        product(pr, &L.wqkv_gate, xn, E, n, j.z, &fmt, nthreads, P_MM_QKV)
+    if L.ssm_ba.rows:
+        product(pr, &L.ssm_ba, xn, E, n, j.g, &fmt, nthreads, P_MM_QKV)
+    else:
+        product(pr, &L.ssm_beta, xn, E, n, j.beta, &fmt, nthreads, P_MM_QKV)
+        product(pr, &L.ssm_alpha, xn, E, n, j.g, &fmt, nthreads, P_MM_QKV)
+    _conv_pass(j, L, sr, n)
+    lap(pr, P_ELEM)
+    j.L = L
+    j.sr = sr
+    j.n = n
+    parallel_for(_heads_task, j, j.n_v, 1, nthreads)
+    lap(pr, P_ATTN)
+    product(pr, &L.ssm_out, j.y, j.n_v * j.dv, n, out, NULL, nthreads, P_MM_O)

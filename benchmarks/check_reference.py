@@ -47,6 +47,12 @@ def write_files(d: Path) -> dict[str, Path]:
     for kind, name in (("qwen3_next", "qwen3next"), ("qwen3_5", "qwen35"), ("qwen3_5_moe", "qwen35moe")):
         c = qn.hf_config(kind)
         files[name] = qn.write_llama_cpp_gguf(d / f"{name}.gguf", c, qn.random_weights(c, seed=3, mtp=True))
+    from tests.hf_nemotron_h import write_llama_cpp_file, write_nemotron_h_hf_model
+
+    nh = write_nemotron_h_hf_model(d / "nh", seed=3)
+    files["nemotron_h"] = write_llama_cpp_file(nh, d / "nemotron_h.gguf")
+    nh_moe = write_nemotron_h_hf_model(d / "nhmoe", seed=4, moe=True, latent=32)
+    files["nemotron_h_moe"] = write_llama_cpp_file(nh_moe, d / "nemotron_h_moe.gguf")
     return files
 
 

@@ -61,6 +61,8 @@ def load_config(directory: Path) -> tuple[HFConfig, ArchSpec]:
             f"{path}: architecture {', '.join(classes) or '(none)'} is not supported "
             f"(supported: {', '.join(known)})"
         )
+    if spec.variant is not None:
+        spec = spec.variant(raw)
     config = HFConfig(path, spec.config_view(raw))
     spec.check(config)
     return config, spec
@@ -215,7 +217,7 @@ class HFSource(Source):
 
     def _expert_of(self, hf_name: str) -> tuple[str, int] | None:
         """(stacked GGUF name, expert index) of one expert's matrix; None for other tensors."""
-        m = _LAYER_RE.match(hf_name)
+        m = _LAYER_RE.match(self.spec.rename(hf_name))
         ex = self.spec.experts
         e = ex.pattern.match(m.group(2)) if m and ex else None
         if m is None or ex is None or e is None:

@@ -190,6 +190,9 @@ class ArchSpec:
     rewrite: Callable[[HFConfig, str, tuple[int, ...]], list[tuple[str, tuple[int, ...], Any]] | None] = (
         _no_rewrite
     )
+    # The spec to use for a given config.json, where one Hugging Face class converts to two GGUF
+    # architectures (Nemotron-H and its MoE form); None: this one.
+    variant: Callable[[dict[str, Any]], ArchSpec] | None = None
 
 
 def has_key(w: GGUFWriter, key: str) -> bool:

@@ -10,8 +10,8 @@ from libc.stdint cimport uint8_t
 from libc.stdlib cimport calloc, free
 
 from llamacy.kernels.quant cimport act_format
-from llamacy.model.layout cimport (FFN_DENSE_MOE, FFN_GATED, FFN_MOE, FFN_NONE, FFN_UNGATED, MIXER_ATTENTION,
-                                   MIXER_DELTANET, MIXER_MAMBA2, MIXER_NONE)
+from llamacy.model.layout cimport (FFN_DENSE_MOE, FFN_GATED, FFN_MOE, FFN_MOE_UNGATED, FFN_NONE, FFN_UNGATED,
+                                   MIXER_ATTENTION, MIXER_DELTANET, MIXER_MAMBA2, MIXER_NONE)
 
 cdef LayerT _probe
 
@@ -32,6 +32,8 @@ MATRICES = {
     "wqkv": _at(&_probe.wqkv), "wqkv_gate": _at(&_probe.wqkv_gate), "ssm_in": _at(&_probe.ssm_in),
     "ssm_ba": _at(&_probe.ssm_ba), "ssm_beta": _at(&_probe.ssm_beta), "ssm_alpha": _at(&_probe.ssm_alpha),
     "ssm_out": _at(&_probe.ssm_out),
+    # Nemotron-H
+    "latent_down": _at(&_probe.latent_down), "latent_up": _at(&_probe.latent_up),
 }
 VECTORS = {
     "attn_norm": _at(&_probe.attn_norm), "attn_norm_b": _at(&_probe.attn_norm_b),
@@ -47,13 +49,15 @@ VECTORS = {
     # gated delta-net (qwen3next, qwen35)
     "ssm_conv1d": _at(&_probe.ssm_conv1d), "ssm_dt": _at(&_probe.ssm_dt), "ssm_a": _at(&_probe.ssm_a),
     "ssm_norm": _at(&_probe.ssm_norm),
+    # Nemotron-H (Mamba2's conv bias and D; the MoE's choice bias)
+    "ssm_conv1d_b": _at(&_probe.ssm_conv1d_b), "ssm_d": _at(&_probe.ssm_d), "exp_probs_b": _at(&_probe.exp_probs_b),
 }
 # LayerT's fields set from the layer's recipe rather than from tensors.
 SETTINGS = ("mixer", "ffn", "window", "rope_base", "rope_freq_scale", "n_head_kv", "head_dim", "n_rot",
             "kv_shared", "v_norm", "rope_freqs", "attn_gate")
 _MIXERS = {"none": MIXER_NONE, "attention": MIXER_ATTENTION, "deltanet": MIXER_DELTANET, "mamba2": MIXER_MAMBA2}
 _FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FFN_MOE,
-         "dense_moe": FFN_DENSE_MOE}
+         "dense_moe": FFN_DENSE_MOE, "moe_ungated": FFN_MOE_UNGATED}
 # Model-level fields BoundWeights reads.
 MODEL_FIELDS = ("token_embd", "output", "output_norm", "output_norm_b", "rope_freqs",
                 "per_layer_token_embd", "per_layer_model_proj", "per_layer_proj_norm")
@@ -140,6 +144,14 @@ cdef class BoundWeights:
             missing.append("feed-forward")
         if L.ffn == FFN_MOE and not (L.gate_inp.rows and L.gate_exps.rows and L.up_exps.rows
                                      and L.down_exps.rows):
+            missing.append("experts")
+        if L.mixer == MIXER_MAMBA2 and not (
+                L.attn_norm != NULL and L.ssm_in.rows and L.ssm_out.rows and L.ssm_conv1d != NULL
+                and L.ssm_dt != NULL and L.ssm_a != NULL and L.ssm_d != NULL and L.ssm_norm != NULL):
+            missing.append("mamba2")
+        if L.ffn == FFN_MOE_UNGATED and not (
+                L.gate_inp.rows and L.up_exps.rows and L.down_exps.rows and L.exp_probs_b != NULL
+                and L.up_shexp.rows and L.down_shexp.rows and (L.latent_down.rows == 0) == (L.latent_up.rows == 0)):
             missing.append("experts")
         if (L.bq == NULL) != (L.bk == NULL) or (L.bq == NULL) != (L.bv == NULL):
             missing.append("q/k/v biases")

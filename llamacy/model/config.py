@@ -23,8 +23,10 @@ NORMS = ("rms", "layer")  # RMSNorm; LayerNorm with bias
 # (Qwen3-Next, Qwen3.5); mamba2: a Mamba2 selective scan (Nemotron-H). The last two keep a recurrent state.
 MIXERS = ("none", "attention", "deltanet", "mamba2")
 RECURRENT_MIXERS = ("deltanet", "mamba2")
-# moe: plus a shared expert when n_ff_shexp > 0; dense_moe: a gated FFN and a mixture summed (Gemma 4)
-FFNS = ("none", "gated", "ungated", "moe", "dense_moe")
+# moe: plus a shared expert when n_ff_shexp > 0; dense_moe: a gated FFN and a mixture summed (Gemma 4);
+# moe_ungated: sigmoid routing with a per-expert choice bias, ungated experts of the model's activation, an
+# ungated shared expert and an optional latent projection around the experts (Nemotron-H MoE: moe_ungated.pyx)
+FFNS = ("none", "gated", "ungated", "moe", "dense_moe", "moe_ungated")
 ACTIVATIONS = ("silu", "gelu", "relu2")  # gelu: the tanh approximation; relu2: relu(x)^2
 # What a layer remembers of a sequence: nothing, K/V of every position, K/V of its window only, nothing
 # of its own because it reads an earlier layer's K/V (Gemma 4's shared-KV layers), or a fixed-size
@@ -140,6 +142,8 @@ class ModelConfig:
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
     expert_norm: bool = False  # renormalise the chosen experts' weights to sum to 1
+    expert_scale: float = 1.0  # the chosen experts' weights multiplied by this (expert_weights_scale)
+    moe_latent_size: int = 0  # > 0: the experts work in a latent space of this width (ffn_latent_down/up)
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -210,7 +214,7 @@ class ModelConfig:
         return dict(
             q=max(self.n_head * s.head_dim for s in specs),
             kv=max(s.n_head_kv * s.head_dim for s in specs),
-            group=max(self.n_head // s.n_head_kv for s in specs),
+            group=max(self.n_head // max(1, s.n_head_kv) for s in specs),  # 0: a model without attention
             n_ff=max(s.n_ff for s in self.layers),
             n_rot=max(s.n_rot for s in specs),
         )
@@ -224,6 +228,11 @@ class ModelConfig:
             return dense, dense
         expert, shared = 3 * self.n_embd * self.n_ff_exp, 3 * self.n_embd * self.n_ff_shexp
         fixed = self.n_expert * self.n_embd + shared + (self.n_embd if self.n_ff_shexp else 0)
+        if "moe_ungated" in self.layer_ffn:  # Nemotron-H: up and down only, around the latent projection
+            width = self.moe_latent_size or self.n_embd
+            expert = 2 * width * self.n_ff_exp
+            fixed = self.n_expert * self.n_embd + 2 * self.n_embd * self.n_ff_shexp
+            fixed += 2 * self.n_embd * self.moe_latent_size
         if "dense_moe" in self.layer_ffn:  # Gemma 4: a dense gated FFN beside the experts
             fixed += 3 * self.n_embd * self.n_ff
         return fixed + self.n_expert * expert, fixed + self.n_expert_used * expert

@@ -25,10 +25,12 @@ from llamacy.model.binding cimport BoundWeights
 from llamacy.model.deltanet cimport DeltaSpace, deltanet_mixer
 from llamacy.model.dense_moe cimport dense_moe_ffn
 from llamacy.model.ffn cimport dense_ffn
-from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_DENSE_MOE, FFN_MOE, FFN_NONE, HParams,
-                                   KVRows, LayerT, MIXER_ATTENTION, MIXER_DELTANET, MIXER_NONE, NORM_LAYER, NORM_RMS, Scratch,
-                                   StateRows, WeightT)
+from llamacy.model.layout cimport (ACT_GELU, ACT_RELU2, ACT_SILU, FFN_DENSE_MOE, FFN_MOE, FFN_MOE_UNGATED, FFN_NONE,
+                                   HParams, KVRows, LayerT, MIXER_ATTENTION, MIXER_DELTANET, MIXER_MAMBA2, MIXER_NONE,
+                                   NORM_LAYER, NORM_RMS, Scratch, StateRows, WeightT)
+from llamacy.model.mamba2 cimport Mamba2Space, mamba2_mixer
 from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
+from llamacy.model.moe_ungated cimport moe_ungated_ffn
 from llamacy.model.norms cimport norm_row
 from llamacy.model.per_layer_embd cimport PleSpace
 from llamacy.model.products cimport (N_PROF, P_ELEM, P_MM_OUT, P_MOE, Products, lap, now, product)
@@ -104,6 +106,7 @@ cdef class Forward:
     cdef MoeJob* mj    # its job; NULL for a dense model
     cdef PleSpace ple  # per-layer embeddings (Gemma 4 E2B/E4B); None without
     cdef DeltaSpace dn  # the gated delta-net's activations; None without such layers
+    cdef Mamba2Space m2  # Mamba2 layers' activations (Nemotron-H); None without
     # The memory: one record per layer, the arrays behind them kept alive.
     cdef LayerMem* mem
     cdef object memory
@@ -159,6 +162,10 @@ cdef class Forward:
         self.ple = PleSpace(cfg, ubatch) if getattr(cfg, "n_embd_per_layer", 0) else None
         if (self.ple is None) != (self.w.pl_tok_embd.rows == 0):
             raise ValueError("per-layer embeddings bound without their width in the config, or the reverse")
+        self.m2 = None
+        if "mamba2" in cfg.layer_mixer:
+            self.m2 = Mamba2Space(cfg, ubatch)
+            self.m2.job.hp = &self.hp
         self.mj = NULL
         if cfg.n_expert:
             self.moe = MoeSpace(cfg, ubatch)
@@ -379,6 +386,8 @@ cdef class Forward:
                     self._bind_state(l)
                     if L.mixer == MIXER_DELTANET:
                         deltanet_mixer(pr, &self.dn.job, L, &self.sr, s.xn, E, s.o, n, nthreads)
+                    elif L.mixer == MIXER_MAMBA2:
+                        mamba2_mixer(pr, &self.m2.job, L, &self.sr, s.xn, s.o, n, nthreads)
                 # x += post_attn_norm(o), then the feed-forward block's input norm, in one pass per token.
                 if L.ffn != FFN_NONE:
                     residual_rows(rj, s.x, s.o, L.post_attn_norm, L.ffn_norm, L.ffn_norm_b, s.xn, E, n, nthreads)
@@ -390,6 +399,10 @@ cdef class Forward:
                 if L.ffn == FFN_MOE:
                     lap(pr, P_ELEM)
                     moe_ffn(self.mj, rj, L, s.xn, s.aq, s.o, n, nthreads)
+                    lap(pr, P_MOE)
+                elif L.ffn == FFN_MOE_UNGATED:
+                    lap(pr, P_ELEM)
+                    moe_ungated_ffn(self.mj, rj, L, s.xn, s.aq, s.o, n, nthreads)
                     lap(pr, P_MOE)
                 elif L.ffn == FFN_DENSE_MOE:
                     dense_moe_ffn(pr, self.mj, L, s, E, n, nthreads)

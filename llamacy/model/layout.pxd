@@ -25,6 +25,7 @@ cdef enum:
     FFN_UNGATED = 2
     FFN_MOE = 3
     FFN_DENSE_MOE = 4   # a dense gated FFN plus a mixture of experts, summed (Gemma 4 26B-A4B: dense_moe.pyx)
+    FFN_MOE_UNGATED = 5 # sigmoid-routed ungated experts + ungated shared expert (Nemotron-H MoE: moe_ungated.pyx)
 
 # The hyper-parameters the loop reads. Fields are named as ModelConfig's: Forward converts the config's
 # fields to this struct by name, so a missing one fails at load.
@@ -37,6 +38,8 @@ ctypedef struct HParams:
     # Mixture of experts (n_expert 0: dense): see ModelConfig.
     Py_ssize_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp
     bint expert_norm
+    float expert_scale
+    Py_ssize_t moe_latent_size
     # Recurrent mixers' shapes (ModelConfig.ssm_*; 0 without recurrent layers).
     Py_ssize_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_dt_rank
 
@@ -128,6 +131,15 @@ ctypedef struct LayerT:
     const float* ssm_dt
     const float* ssm_a
     const float* ssm_norm
+    # Nemotron-H. Mamba2 (mamba2.pyx) uses ssm_in [z, xBC, dt], ssm_conv1d [conv channels, d_conv], ssm_dt
+    # (the dt bias), ssm_a, ssm_norm [n_group, d_inner / n_group] and ssm_out above, and: the convolution's
+    # bias (NULL: none), D per head. MOE_UNGATED (moe_ungated.pyx): the per-expert bias added to the
+    # router's sigmoid for the choice only; the latent projections (rows 0: none).
+    const float* ssm_conv1d_b
+    const float* ssm_d
+    const float* exp_probs_b
+    WeightT latent_down
+    WeightT latent_up
 
 # Activations of one micro-batch, row-major [n, width].
 ctypedef struct Scratch:

@@ -48,6 +48,12 @@ cdef void moe_ffn(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, uint8
 # The routed experts alone: the router reads rin[t], the experts xn[t] (Gemma 4 feeds them different rows).
 cdef void moe_experts(MoeJob* M, RowJob* rj, const LayerT* L, const float* rin, const float* xn,
                       uint8_t* aq_tok, float* out, Py_ssize_t n, int nthreads) noexcept nogil
+# The pieces moe_ungated.pyx shares: y_m = the stacked matrices' experts over the grouped rows in aq (arb bytes
+# each; w1 NULL: one matrix), and a dense product of n rows quantized into aq.
+cdef void _experts(MoeJob* M, const WeightT* w0, float* y0, const WeightT* w1, float* y1, Py_ssize_t n_tok,
+                   int nthreads) noexcept nogil
+cdef void _dense(RowJob* rj, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
+                 float* y, int nthreads) noexcept nogil
 
 
 cdef class MoeSpace:

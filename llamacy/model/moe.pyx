@@ -248,9 +248,11 @@ cdef class MoeSpace:
         self.job.o = <float*> self._buf(rows * E, np.float32)
         # Gemma 4 (dense_moe.pyx): gate and up stacked, and three rows of n_embd per token.
         dense_moe = "dense_moe" in cfg.layer_ffn
+        # moe_ungated.pyx: b1 and b2 hold the latent rows (moe_latent_size <= n_embd, as config checks).
+        latent = getattr(cfg, "moe_latent_size", 0) > 0
         self.job.gu = <float*> self._buf(2 * rows * FE if dense_moe else 1, np.float32)
-        self.job.b1 = <float*> self._buf(ubatch * E if dense_moe else 1, np.float32)
-        self.job.b2 = <float*> self._buf(ubatch * E if dense_moe else 1, np.float32)
+        self.job.b1 = <float*> self._buf(ubatch * E if dense_moe or latent else 1, np.float32)
+        self.job.b2 = <float*> self._buf(ubatch * E if dense_moe or latent else 1, np.float32)
         self.job.b3 = <float*> self._buf(ubatch * E if dense_moe else 1, np.float32)
         cdef Py_ssize_t per_expert = 2 * ((max(E, 2 * FE) + SPLIT_ROWS - 1) // SPLIT_ROWS)
         self.job.items = <ExpertItem*> self._buf(NE * per_expert * sizeof(ExpertItem), np.uint8)

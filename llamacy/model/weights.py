@@ -98,6 +98,8 @@ class WeightBinder:
         # A [1, n] matrix is a vector (qwen2moe's shared-expert gate), as is a declared 2-D shape.
         if tuple(t.shape) in ((1, n), shape):
             t = _Flat(t.data, t.type, (n,), t.n_bytes)
+        elif shape is not None:
+            raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {shape}")
         if tuple(t.shape) != (n,):
             raise UnsupportedModelError(f"{self.source}: tensor {name} has shape {t.shape}, expected {(n,)}")
         if t.type == GGMLType.F32:

@@ -14,6 +14,7 @@ from llamacy.model.archs.gemma3 import Gemma3
 from llamacy.model.archs.gemma4 import Gemma4
 from llamacy.model.archs.llama import Llama
 from llamacy.model.archs.nemotron import Nemotron
+from llamacy.model.archs.nemotron_h import NemotronH, NemotronHMoe
 from llamacy.model.archs.qwen2 import Qwen2
 from llamacy.model.archs.qwen2moe import Qwen2Moe
 from llamacy.model.archs.qwen3 import Qwen3
@@ -26,6 +27,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     for a in (
         *(Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(), Gemma3(), Gemma4(), Nemotron()),
         *(Qwen3Next(), Qwen35(), Qwen35Moe()),
+        *(NemotronH(), NemotronHMoe()),
     )
 }
 

@@ -1,0 +1,181 @@
+# cython: language_level=3
+"""The Mamba2 mixer (Nemotron-H), as llama.cpp's build_mamba2_layer computes it, token by token.
+
+    zxBCdt = ssm_in · x                      z [d_inner], xBC [d_inner + 2·n_group·d_state], dt [n_head]
+    xBC    = SiLU(causal depthwise conv1d(xBC) + conv bias)   over the last d_conv inputs of the sequence
+    per head h (head_dim channels, group g = h / (n_head / n_group) of B and C):
+        dt   = softplus(dt[h] + dt_bias[h]);  dA = exp(dt · A[h])        (A = -exp(A_log), stored so)
+        S    = S · dA + (x · dt) ⊗ B          S: [head_dim, d_state] per head and sequence
+        y    = S · C + x · D[h]
+    y      = grouped RMSNorm(y · SiLU(z)) · ssm_norm   (n_group groups of d_inner / n_group: the gate
+             first, then the norm, as llama.cpp and Hugging Face's norm_before_gate=False do)
+    out    = ssm_out · y
+
+A sequence's state (memory.py: one float32 row per sequence; layout.pxd's StateRows) is its convolution's
+last d_conv - 1 inputs, oldest first, each a row of the conv channels ((d_conv - 1) · channels values), then
+the scan's state, head-major: S[h][i][k] at (h · head_dim + i) · d_state + k (n_head · head_dim · d_state
+values; llama.cpp's [d_state, head_dim, n_head] order).
+
+Prompts use the same per-token recurrence as decoding (no chunked scan): a token's result does not depend
+on how its sequence was cut into micro-batches, batched with others or split over threads. The convolution
+runs over the micro-batch's tokens in order (cheap); the scan runs one job item per head, each over every
+token in order, so threads split heads and never the arithmetic of one.
+"""
+
+from libc.math cimport expf, log1pf
+from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy, memmove
+
+from llamacy.kernels.matmul cimport matmul
+from llamacy.kernels.ops cimport dot_f32, rmsnorm
+from llamacy.kernels.parallel cimport parallel_for
+from llamacy.kernels.quant cimport act_row_bytes
+from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, snapshot_slot, state_begin
+from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, P_QUANT, Products, lap
+from llamacy.model.rowjobs cimport quant_rows
+
+import numpy as np
+
+
+cdef inline float _softplus(float x) noexcept nogil:
+    # As ggml_compute_softplus_f32: large inputs pass through (log1p(exp(x)) would overflow).
+    return x if x > 20.0 else log1pf(expf(x))
+
+
+cdef inline float _silu(float x) noexcept nogil:
+    return x / (1.0 + expf(-x))
+
+
+cdef void _product(Products* pr, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
+                   float* y, int nthreads, int kind) noexcept nogil:
+    """y = w · x for n rows, quantizing into the mixer's own buffer (d_inner may be wider than the loop's
+    scratch rows)."""
+    lap(pr, P_ELEM)
+    quant_rows(pr.rj, w, x, ldx, aq, n, nthreads)
+    lap(pr, P_QUANT)
+    matmul(w.data, w.type, w.rows, w.cols, aq, n, y, w.rows, nthreads)
+    lap(pr, kind)
+
+
+cdef void _conv(Mamba2Job* J) noexcept nogil:
+    """xbc[t] = SiLU(conv1d over the state's last inputs and token t's xBC + bias), token by token in batch
+    order; each sequence's carried inputs shift by one (and are kept in t's snapshot slot if it has one)."""
+    cdef const HParams* hp = J.hp
+    cdef const LayerT* L = J.L
+    cdef const StateRows* sr = J.sr
+    cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state, DC = hp.ssm_d_conv
+    cdef Py_ssize_t C = DI + 2 * NG * DS, K1 = DC - 1, P = 2 * DI + 2 * NG * DS + hp.ssm_dt_rank
+    cdef Py_ssize_t t, c, k
+    cdef float* st
+    cdef float* slot
+    cdef float* out
+    cdef const float* x
+    cdef const float* w = L.ssm_conv1d
+    for t in range(J.n):
+        st = state_begin(sr, t)
+        x = J.zxbcdt + t * P + DI
+        out = J.xbc + t * C
+        # The kernel taps in time order, oldest input first (ggml_ssm_conv's sum), then the bias.
+        for c in range(C):
+            out[c] = 0.0
+        for k in range(K1):
+            for c in range(C):
+                out[c] += w[c * DC + k] * st[k * C + c]
+        for c in range(C):
+            out[c] += w[c * DC + K1] * x[c]
+        if L.ssm_conv1d_b != NULL:
+            for c in range(C):
+                out[c] += L.ssm_conv1d_b[c]
+        for c in range(C):
+            out[c] = _silu(out[c])
+        if K1 > 0:
+            memmove(st, st + C, (K1 - 1) * C * sizeof(float))
+            memcpy(st + (K1 - 1) * C, x, C * sizeof(float))
+        slot = snapshot_slot(sr, t)
+        if slot != NULL:
+            memcpy(slot, st, K1 * C * sizeof(float))
+
+
+cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Heads begin..end-1: each over the micro-batch's tokens in order, continuing its sequence's state."""
+    cdef Mamba2Job* J = <Mamba2Job*> ctx
+    cdef const HParams* hp = J.hp
+    cdef const LayerT* L = J.L
+    cdef const StateRows* sr = J.sr
+    cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state, NH = hp.ssm_dt_rank
+    cdef Py_ssize_t HD = DI // NH, C = DI + 2 * NG * DS, P = 2 * DI + 2 * NG * DS + NH
+    cdef Py_ssize_t h, t, i, k, g
+    cdef float dt, dA, xdt
+    cdef float* S
+    cdef float* Si
+    cdef float* slot
+    cdef const float* x
+    cdef const float* B
+    cdef const float* Cm
+    cdef float* y
+    for h in range(begin, end):
+        g = h // (NH // NG)
+        for t in range(J.n):
+            # The ssm part of t's sequence state (zeroed with the conv part by _conv at position 0).
+            S = sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats + sr.conv + h * HD * DS
+            dt = _softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])
+            dA = expf(dt * L.ssm_a[h])
+            x = J.xbc + t * C + h * HD
+            B = J.xbc + t * C + DI + g * DS
+            Cm = J.xbc + t * C + DI + NG * DS + g * DS
+            y = J.y + t * DI + h * HD
+            for i in range(HD):
+                # The update (vectorized), then its dot with C (ops' vectorized dot): one pass each.
+                xdt = x[i] * dt
+                Si = S + i * DS
+                for k in range(DS):
+                    Si[k] = Si[k] * dA + B[k] * xdt
+                y[i] = dot_f32(Si, Cm, DS) + x[i] * L.ssm_d[h]
+            slot = snapshot_slot(sr, t)
+            if slot != NULL:
+                memcpy(slot + sr.conv + h * HD * DS, S, HD * DS * sizeof(float))
+
+
+cdef void mamba2_mixer(Products* pr, Mamba2Job* J, const LayerT* L, const StateRows* sr, const float* xn,
+                       float* out, Py_ssize_t n, int nthreads) noexcept nogil:
+    cdef const HParams* hp = J.hp
+    cdef Py_ssize_t E = hp.n_embd, DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state
+    cdef Py_ssize_t GS = DI // NG, P = 2 * DI + 2 * NG * DS + hp.ssm_dt_rank, t, i, g
+    cdef float* z
+    cdef float* y
+    J.L = L
+    J.sr = sr
+    J.n = n
+    _product(pr, &L.ssm_in, xn, E, J.aq, n, J.zxbcdt, nthreads, P_MM_QKV)
+    _conv(J)
+    parallel_for(_scan_task, J, hp.ssm_dt_rank, 1, nthreads)
+    # y · SiLU(z), then the grouped norm, per token.
+    for t in range(n):
+        z = J.zxbcdt + t * P
+        y = J.y + t * DI
+        for i in range(DI):
+            y[i] = y[i] * _silu(z[i])
+        for g in range(NG):
+            rmsnorm(y + g * GS, L.ssm_norm + g * GS, y + g * GS, GS, hp.rms_eps)
+    lap(pr, P_ELEM)
+    _product(pr, &L.ssm_out, J.y, DI, J.aq, n, out, nthreads, P_MM_O)
+
+
+cdef class Mamba2Space:
+    """The buffers of mamba2_mixer for micro-batches of up to ubatch tokens."""
+
+    def __init__(self, cfg, Py_ssize_t ubatch):
+        cdef Py_ssize_t DI = cfg.ssm_d_inner, C = DI + 2 * cfg.ssm_n_group * cfg.ssm_d_state
+        cdef Py_ssize_t widest = max(cfg.n_embd, DI)
+        self._arrays = []
+        self.job.zxbcdt = <float*> self._buf(ubatch * (DI + C + cfg.ssm_dt_rank), np.float32)
+        self.job.xbc = <float*> self._buf(ubatch * C, np.float32)
+        self.job.y = <float*> self._buf(ubatch * DI, np.float32)
+        # The float32 activation format is the widest (4 bytes a value).
+        self.job.aq = <uint8_t*> self._buf(ubatch * max(act_row_bytes(0, widest), 4 * widest) + 64, np.uint8)
+
+    cdef void* _buf(self, Py_ssize_t n, dtype) except NULL:
+        arr = np.zeros(max(n, 1), dtype)
+        self._arrays.append(arr)
+        cdef uint8_t[::1] b = arr.view(np.uint8)
+        return &b[0]

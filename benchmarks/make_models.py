@@ -83,6 +83,49 @@ MODELS: dict[str, Shape] = {
     # meta-llama/Llama-3.2-3B-Instruct.
     "llama-3.2-3b": Shape("llama", 3072, 8192, 28, 24, 8, 128256, 128000, True, LLAMA3_ROPE),
 }
+# Hybrid models (issue #25), written with the tests' checkpoint writers (tests/hf_qwen3next.py,
+# tests/hf_nemotron_h.py) at real sizes, float32, random weights; their tokenizer is the tests' small BPE one,
+# padded by the converter to the real vocabulary size (the embedding's and output head's rows).
+HYBRIDS: dict[str, dict] = {
+    # Qwen3.5-0.8B's text model as we read its config: width 1024, 24 layers of which every 4th is gated
+    # attention (8 heads, 2 KV, head 256, a quarter rotated), the rest gated delta-nets (16 key and 16
+    # value heads of 128, convolution 4); FFN 3584; vocabulary 248320, tied embedding.
+    "qwen3.5-0.8b": dict(
+        kind="qwen3_5",
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=256,
+        intermediate_size=3584,
+        full_attention_interval=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        vocab_size=248320,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
+    # A Nemotron-H layer mix at 1.3B: Nemotron-H-8B's pattern style (Mamba2 / MLP alternating, an attention
+    # layer every ~8) at width 2048: 12 Mamba2 layers (64 heads of 64, d_state 128, 8 groups), 2 attention
+    # (16 heads, 4 KV, head 128, no RoPE), 10 ReLU² MLPs of 8192; vocabulary 131072, untied head.
+    "nemotron-h-1.3b": dict(
+        kind="nemotron_h",
+        pattern="M-M-M*-M-M-M-M*-M-M-M-M-",
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=128,
+        n_ff=8192,
+        mamba_heads=64,
+        mamba_head_dim=64,
+        d_state=128,
+        n_groups=8,
+        d_conv=4,
+        n_vocab=131072,
+    ),
+}
 DEFAULT_MODELS = "llama-3.2-1b,qwen2.5-1.5b,qwen2.5-3b"
 DEFAULT_TYPES = "q4_k_m,q4_0,q8_0"
 
@@ -100,7 +143,7 @@ def gguf_path(model: str, qtype: str) -> Path:
 def built_models() -> list[tuple[str, Path]]:
     """(label, path) of every benchmark model already built, in MODELS order then type order."""
     found = []
-    for model in MODELS:
+    for model in [*MODELS, *HYBRIDS]:
         for qtype in ("q4_k_m", "q4_0", "q8_0", *DEFAULT_TYPES.split(",")):
             p = gguf_path(model, qtype)
             if p.is_file() and (f"{model} {qtype.upper()}", p) not in found:
@@ -244,6 +287,22 @@ def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) ->
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def write_hybrid(directory: Path, name: str) -> None:
+    """A hybrid model's Hugging Face checkpoint (float32), through the tests' writers."""
+    sys.path.insert(0, str(ROOT))
+    spec = dict(HYBRIDS[name])
+    kind = spec.pop("kind")
+    if kind == "nemotron_h":
+        from tests.hf_nemotron_h import write_nemotron_h_hf_model
+
+        write_nemotron_h_hf_model(directory, **spec)
+        return
+    from tests.hf_qwen3next import hf_config, random_weights, write_hf
+
+    c = hf_config(kind, **spec)
+    write_hf(directory, c, random_weights(c))
+
+
 def build(model: str, types: list[str], threads: int) -> list[Path]:
     todo = [t for t in types if not gguf_path(model, t).is_file()]
     done = [gguf_path(model, t) for t in types if t not in todo]
@@ -255,7 +314,10 @@ def build(model: str, types: list[str], threads: int) -> list[Path]:
     if not (hf / "model.safetensors.index.json").is_file():
         shutil.rmtree(hf, ignore_errors=True)
         t0 = time.perf_counter()
-        write_checkpoint(hf, model, MODELS[model])
+        if model in HYBRIDS:
+            write_hybrid(hf, model)
+        else:
+            write_checkpoint(hf, model, MODELS[model])
         print(f"wrote {hf} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     for t in todo:
         out = gguf_path(model, t)
@@ -272,7 +334,9 @@ def build(model: str, types: list[str], threads: int) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument(
+        "--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join([*MODELS, *HYBRIDS])}"
+    )
     ap.add_argument("--types", default=DEFAULT_TYPES, help="comma list of llamacy convert --type values")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--list", action="store_true", help="print the files already built and exit")
@@ -283,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out_dir().mkdir(parents=True, exist_ok=True)
     for model in [m for m in args.models.split(",") if m]:
-        if model not in MODELS:
-            raise SystemExit(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        if model not in MODELS and model not in HYBRIDS:
+            raise SystemExit(f"unknown model {model!r}; known: {', '.join([*MODELS, *HYBRIDS])}")
         for p in build(model, [t.lower() for t in args.types.split(",") if t], args.threads):
             print(p)
     return 0

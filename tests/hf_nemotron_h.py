@@ -59,6 +59,7 @@ def write_nemotron_h_hf_model(
     n_ff_exp: int = 32,
     n_ff_shexp: int = 64,
     seed: int = 0,
+    n_vocab: int | None = None,
 ) -> NemotronHModel:
     from safetensors.numpy import save_file
 
@@ -66,7 +67,7 @@ def write_nemotron_h_hf_model(
 
     directory.mkdir(parents=True, exist_ok=True)
     write_bpe_tokenizer(directory)
-    n_vocab = -(-n_tokens(directory) // 8) * 8
+    n_vocab = n_vocab or -(-n_tokens(directory) // 8) * 8  # the converter pads the tokenizer to it
     pattern = pattern or ("ME*MEM*E" if moe else "M*M-M*-M")
     cfg: dict[str, Any] = {
         "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": n_vocab,

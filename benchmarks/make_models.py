@@ -108,8 +108,8 @@ HYBRIDS: dict[str, dict] = {
         max_position_embeddings=32768,
     ),
     # A Nemotron-H layer mix at 1.3B: Nemotron-H-8B's pattern style (Mamba2 / MLP alternating, an attention
-    # layer every ~8) at width 2048: 12 Mamba2 layers (64 heads of 64, d_state 128, 8 groups), 2 attention
-    # (16 heads, 4 KV, head 128, no RoPE), 10 ReLU² MLPs of 8192; vocabulary 131072, untied head.
+    # layer every ~8) at width 2048: 11 Mamba2 layers (64 heads of 64, d_state 128, 8 groups), 2 attention
+    # (16 heads, 4 KV, head 128, no RoPE), 11 ReLU² MLPs of 8192; vocabulary 131072, untied head.
     "nemotron-h-1.3b": dict(
         kind="nemotron_h",
         pattern="M-M-M*-M-M-M-M*-M-M-M-M-",

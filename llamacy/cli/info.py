@@ -164,5 +164,6 @@ def _layer_mix(d: dict[str, Any]) -> str:
             if g["memory"] == "shared"
             else "keeps nothing"
         )
-        parts.append(f"{g['count']} × {what} + {g['ffn']} FFN, {kept}")
+        ffn = f" + {g['ffn']} FFN" if g["ffn"] != "none" else ""
+        parts.append(f"{g['count']} × {what}{ffn}, {kept}")
     return "; ".join(parts)

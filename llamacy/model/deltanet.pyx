@@ -14,9 +14,9 @@ o ← rmsnorm(o)·ssm_norm·SiLU(z) per head, and ssm_out.
 The state of one sequence in a layer's memory (ModelConfig.layer_state_conv / layer_state_ssm):
     conv: (d_conv - 1) rows of `channels` floats, the convolution's last inputs, oldest first;
     ssm:  n_v heads of [dv, dk] floats, S above.
-Two passes keep a micro-batch's tokens of one sequence in order while heads run in parallel: the
-convolution and per-token gates over all tokens in batch order (one thread: O(channels·d_conv) a token),
-then every head over all tokens (the team, one head per item). Each pass copies its part of the state after
+Passes keep a micro-batch's tokens of one sequence in order while the team works in parallel: the
+convolution over all tokens in batch order (one block of channels per item), the per-token gates (one
+thread), then every head over all tokens (one head per item). Each pass copies its part of the state after
 a token into that token's snapshot slot (layout.pxd's snapshot_slot) and zeroes its part at position 0.
 """
 
@@ -24,6 +24,7 @@ from libc.math cimport expf, log1pf, sqrtf
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
 
+from llamacy.kernels.ops cimport dot_f32
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.model.layout cimport LayerT, StateRows, snapshot_slot
 from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
@@ -99,38 +100,60 @@ cdef void _l2norm(float* x, Py_ssize_t n, float scale) noexcept nogil:
         x[i] *= inv
 
 
-cdef void _conv_pass(DeltaJob* j, const LayerT* L, const StateRows* sr, Py_ssize_t n) noexcept nogil:
-    """The convolution over every token in batch order (carrying each sequence's last inputs), SiLU, q/k
-    L2 norms; beta and g per value head."""
-    cdef Py_ssize_t C = j.channels, K = j.d_conv, P = K - 1, t, c, i, h, r = j.n_v // j.n_k
-    cdef Py_ssize_t KD = j.n_k * j.dk
+# Channels per job item of the convolution: each item runs its channels over every token in batch order.
+cdef enum:
+    CONV_BLOCK = 256
+
+
+cdef void _conv_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Channel blocks begin..end-1 over every token in batch order: the causal convolution (carrying each
+    sequence's last inputs of these channels), SiLU. A channel's sum runs over its taps oldest first, as
+    ggml_ssm_conv sums, whatever the blocking."""
+    cdef DeltaJob* j = <DeltaJob*> ctx
+    cdef const StateRows* sr = j.sr
+    cdef const LayerT* L = j.L
+    cdef Py_ssize_t C = j.channels, K = j.d_conv, P = K - 1, t, c, i, c0, c1, blk
     cdef float* st
     cdef float* slot
     cdef const float* x
     cdef float* y
-    cdef const float* w
-    cdef float acc, a, b
-    cdef float qscale = 1.0 / sqrtf(<float>j.dk)
-    for t in range(n):
-        st = _live(sr, t)
-        if sr.pos[t] == 0:
-            memset(st, 0, P * C * sizeof(float))
-        x = j.qkv + t * C
-        y = j.cv + t * C
-        for c in range(C):
-            w = L.ssm_conv1d + c * K
-            acc = 0.0
+    cdef const float* w = L.ssm_conv1d
+    cdef float acc
+    for blk in range(begin, end):
+        c0 = blk * CONV_BLOCK
+        c1 = min(C, c0 + CONV_BLOCK)
+        for t in range(j.n):
+            st = _live(sr, t)
+            if sr.pos[t] == 0:
+                for i in range(P):
+                    memset(st + i * C + c0, 0, (c1 - c0) * sizeof(float))
+            x = j.qkv + t * C
+            y = j.cv + t * C
+            for c in range(c0, c1):
+                acc = 0.0
+                for i in range(P):
+                    acc = acc + st[i * C + c] * w[c * K + i]
+                acc = acc + x[c] * w[c * K + P]
+                y[c] = acc / (1.0 + expf(-acc))
+            # The window moves on by one input: drop the oldest, keep this token's.
+            slot = snapshot_slot(sr, t)
             for i in range(P):
-                acc = acc + st[i * C + c] * w[i]
-            acc = acc + x[c] * w[P]
-            y[c] = acc / (1.0 + expf(-acc))
-        # The window moves on by one input: drop the oldest, keep this token's.
-        if P > 0:
-            memcpy(st, st + C, (P - 1) * C * sizeof(float))
-            memcpy(st + (P - 1) * C, x, C * sizeof(float))
-        slot = snapshot_slot(sr, t)
-        if slot != NULL:
-            memcpy(slot, st, P * C * sizeof(float))
+                if i + 1 < P:
+                    memcpy(st + i * C + c0, st + (i + 1) * C + c0, (c1 - c0) * sizeof(float))
+                else:
+                    memcpy(st + i * C + c0, x + c0, (c1 - c0) * sizeof(float))
+                if slot != NULL:
+                    memcpy(slot + i * C + c0, st + i * C + c0, (c1 - c0) * sizeof(float))
+
+
+cdef void _gates(DeltaJob* j, const LayerT* L, Py_ssize_t n) noexcept nogil:
+    """q and k L2-normed per key head (q scaled by 1/sqrt(dk)); beta and g per value head."""
+    cdef Py_ssize_t t, h, r = j.n_v // j.n_k, KD = j.n_k * j.dk, C = j.channels
+    cdef float a, b
+    cdef float qscale = 1.0 / sqrtf(<float>j.dk)
+    cdef float* y
+    for t in range(n):
+        y = j.cv + t * C
         for h in range(j.n_k):
             _l2norm(y + h * j.dk, j.dk, qscale)
             _l2norm(y + KD + h * j.dk, j.dk, 1.0)
@@ -178,17 +201,15 @@ cdef void _heads_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
             decay = expf(j.g[t * j.n_v + h])
             beta = j.beta[t * j.n_v + h]
             for i in range(DV):
+                # Row i of S: decayed, corrected towards v along k, read along q. The decay is applied to
+                # the dot (S·decay)·k = decay·(S·k) and in the update's pass, so each pass is one
+                # vectorized sweep of the row (dot_f32's lanes, then a plain axpy the compiler vectorizes).
                 row = S + i * DK
-                sk = 0.0
-                for kk in range(DK):
-                    row[kk] = row[kk] * decay
-                    sk = sk + row[kk] * k[kk]
+                sk = decay * dot_f32(row, k, DK)
                 d = beta * (v[i] - sk)
-                acc = 0.0
                 for kk in range(DK):
-                    row[kk] = row[kk] + k[kk] * d
-                    acc = acc + row[kk] * q[kk]
-                o[i] = acc
+                    row[kk] = row[kk] * decay + k[kk] * d
+                o[i] = dot_f32(row, q, DK)
             # The gated norm: rmsnorm(o) · ssm_norm · SiLU(z).
             z = j.z + t * j.n_v * DV + h * DV
             ss = 0.0
@@ -218,11 +239,12 @@ cdef void deltanet_mixer(Products* pr, DeltaJob* j, const LayerT* L, const State
     else:
         product(pr, &L.ssm_beta, xn, E, n, j.beta, &fmt, nthreads, P_MM_QKV)
         product(pr, &L.ssm_alpha, xn, E, n, j.g, &fmt, nthreads, P_MM_QKV)
-    _conv_pass(j, L, sr, n)
-    lap(pr, P_ELEM)
     j.L = L
     j.sr = sr
     j.n = n
+    parallel_for(_conv_task, j, (j.channels + CONV_BLOCK - 1) // CONV_BLOCK, 1, nthreads)
+    _gates(j, L, n)
+    lap(pr, P_ELEM)
     parallel_for(_heads_task, j, j.n_v, 1, nthreads)
     lap(pr, P_ATTN)
     product(pr, &L.ssm_out, j.y, j.n_v * j.dv, n, out, NULL, nthreads, P_MM_O)

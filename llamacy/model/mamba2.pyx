@@ -18,19 +18,20 @@ values; llama.cpp's [d_state, head_dim, n_head] order).
 
 Prompts use the same per-token recurrence as decoding (no chunked scan): a token's result does not depend
 on how its sequence was cut into micro-batches, batched with others or split over threads. The convolution
-runs over the micro-batch's tokens in order (cheap); the scan runs one job item per head, each over every
-token in order, so threads split heads and never the arithmetic of one.
+runs over the micro-batch's tokens in order; the scan runs one job item per head, each over every
+token in order, so threads split heads and never the arithmetic of one; the convolution likewise runs one
+item per block of channels, the gate and norm one per token.
 """
 
 from libc.math cimport expf, log1pf
 from libc.stdint cimport int64_t, uint8_t
-from libc.string cimport memcpy, memmove
+from libc.string cimport memcpy, memset
 
 from llamacy.kernels.matmul cimport matmul
 from llamacy.kernels.ops cimport dot_f32, rmsnorm
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_row_bytes
-from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, snapshot_slot, state_begin
+from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, snapshot_slot
 from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, P_QUANT, Products, lap
 from llamacy.model.rowjobs cimport quant_rows
 
@@ -46,6 +47,11 @@ cdef inline float _silu(float x) noexcept nogil:
     return x / (1.0 + expf(-x))
 
 
+cdef inline float* _live(const StateRows* sr, Py_ssize_t t) noexcept nogil:
+    """Token t's sequence's live state (not zeroed: each pass zeroes its own part at position 0)."""
+    return sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
+
+
 cdef void _product(Products* pr, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
                    float* y, int nthreads, int kind) noexcept nogil:
     """y = w · x for n rows, quantizing into the mixer's own buffer (d_inner may be wider than the loop's
@@ -57,43 +63,75 @@ cdef void _product(Products* pr, const WeightT* w, const float* x, Py_ssize_t ld
     lap(pr, kind)
 
 
-cdef void _conv(Mamba2Job* J) noexcept nogil:
-    """xbc[t] = SiLU(conv1d over the state's last inputs and token t's xBC + bias), token by token in batch
-    order; each sequence's carried inputs shift by one (and are kept in t's snapshot slot if it has one)."""
+# Channels per job item of the convolution: each item runs its channels over every token in batch order.
+cdef enum:
+    CONV_BLOCK = 256
+
+
+cdef void _conv_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Channel blocks begin..end-1: xbc[t] = SiLU(conv1d over the state's last inputs and token t's xBC +
+    bias), token by token in batch order; each sequence's carried inputs of these channels shift by one
+    (and are kept in t's snapshot slot if it has one). A channel's sum is the same whatever the blocking."""
+    cdef Mamba2Job* J = <Mamba2Job*> ctx
     cdef const HParams* hp = J.hp
     cdef const LayerT* L = J.L
     cdef const StateRows* sr = J.sr
     cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state, DC = hp.ssm_d_conv
     cdef Py_ssize_t C = DI + 2 * NG * DS, K1 = DC - 1, P = 2 * DI + 2 * NG * DS + hp.ssm_dt_rank
-    cdef Py_ssize_t t, c, k
+    cdef Py_ssize_t t, c, k, blk, c0, c1
     cdef float* st
     cdef float* slot
     cdef float* out
     cdef const float* x
     cdef const float* w = L.ssm_conv1d
-    for t in range(J.n):
-        st = state_begin(sr, t)
-        x = J.zxbcdt + t * P + DI
-        out = J.xbc + t * C
-        # The kernel taps in time order, oldest input first (ggml_ssm_conv's sum), then the bias.
-        for c in range(C):
-            out[c] = 0.0
-        for k in range(K1):
-            for c in range(C):
-                out[c] += w[c * DC + k] * st[k * C + c]
-        for c in range(C):
-            out[c] += w[c * DC + K1] * x[c]
-        if L.ssm_conv1d_b != NULL:
-            for c in range(C):
-                out[c] += L.ssm_conv1d_b[c]
-        for c in range(C):
-            out[c] = _silu(out[c])
-        if K1 > 0:
-            memmove(st, st + C, (K1 - 1) * C * sizeof(float))
-            memcpy(st + (K1 - 1) * C, x, C * sizeof(float))
-        slot = snapshot_slot(sr, t)
-        if slot != NULL:
-            memcpy(slot, st, K1 * C * sizeof(float))
+    for blk in range(begin, end):
+        c0 = blk * CONV_BLOCK
+        c1 = min(C, c0 + CONV_BLOCK)
+        for t in range(J.n):
+            st = _live(sr, t)
+            if sr.pos[t] == 0:
+                for k in range(K1):
+                    memset(st + k * C + c0, 0, (c1 - c0) * sizeof(float))
+            x = J.zxbcdt + t * P + DI
+            out = J.xbc + t * C
+            # The kernel taps in time order, oldest input first (ggml_ssm_conv's sum), then the bias.
+            for c in range(c0, c1):
+                out[c] = 0.0
+            for k in range(K1):
+                for c in range(c0, c1):
+                    out[c] += w[c * DC + k] * st[k * C + c]
+            for c in range(c0, c1):
+                out[c] += w[c * DC + K1] * x[c]
+            if L.ssm_conv1d_b != NULL:
+                for c in range(c0, c1):
+                    out[c] += L.ssm_conv1d_b[c]
+            for c in range(c0, c1):
+                out[c] = _silu(out[c])
+            slot = snapshot_slot(sr, t)
+            for k in range(K1):
+                if k + 1 < K1:
+                    memcpy(st + k * C + c0, st + (k + 1) * C + c0, (c1 - c0) * sizeof(float))
+                else:
+                    memcpy(st + k * C + c0, x + c0, (c1 - c0) * sizeof(float))
+                if slot != NULL:
+                    memcpy(slot + k * C + c0, st + k * C + c0, (c1 - c0) * sizeof(float))
+
+
+cdef void _gate_norm_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Tokens begin..end-1: y · SiLU(z), then the grouped RMSNorm."""
+    cdef Mamba2Job* J = <Mamba2Job*> ctx
+    cdef const HParams* hp = J.hp
+    cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, GS = DI // NG
+    cdef Py_ssize_t P = 2 * DI + 2 * NG * hp.ssm_d_state + hp.ssm_dt_rank, t, i, g
+    cdef const float* z
+    cdef float* y
+    for t in range(begin, end):
+        z = J.zxbcdt + t * P
+        y = J.y + t * DI
+        for i in range(DI):
+            y[i] = y[i] * _silu(z[i])
+        for g in range(NG):
+            rmsnorm(y + g * GS, J.L.ssm_norm + g * GS, y + g * GS, GS, hp.rms_eps)
 
 
 cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -116,8 +154,10 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     for h in range(begin, end):
         g = h // (NH // NG)
         for t in range(J.n):
-            # The ssm part of t's sequence state (zeroed with the conv part by _conv at position 0).
-            S = sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats + sr.conv + h * HD * DS
+            # Head h's part of t's sequence state, zeroed here at position 0 (the convolution zeroes its own).
+            S = _live(sr, t) + sr.conv + h * HD * DS
+            if sr.pos[t] == 0:
+                memset(S, 0, HD * DS * sizeof(float))
             dt = _softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])
             dA = expf(dt * L.ssm_a[h])
             x = J.xbc + t * C + h * HD
@@ -140,23 +180,13 @@ cdef void mamba2_mixer(Products* pr, Mamba2Job* J, const LayerT* L, const StateR
                        float* out, Py_ssize_t n, int nthreads) noexcept nogil:
     cdef const HParams* hp = J.hp
     cdef Py_ssize_t E = hp.n_embd, DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state
-    cdef Py_ssize_t GS = DI // NG, P = 2 * DI + 2 * NG * DS + hp.ssm_dt_rank, t, i, g
-    cdef float* z
-    cdef float* y
     J.L = L
     J.sr = sr
     J.n = n
     _product(pr, &L.ssm_in, xn, E, J.aq, n, J.zxbcdt, nthreads, P_MM_QKV)
-    _conv(J)
+    parallel_for(_conv_task, J, (DI + 2 * NG * DS + CONV_BLOCK - 1) // CONV_BLOCK, 1, nthreads)
     parallel_for(_scan_task, J, hp.ssm_dt_rank, 1, nthreads)
-    # y · SiLU(z), then the grouped norm, per token.
-    for t in range(n):
-        z = J.zxbcdt + t * P
-        y = J.y + t * DI
-        for i in range(DI):
-            y[i] = y[i] * _silu(z[i])
-        for g in range(NG):
-            rmsnorm(y + g * GS, L.ssm_norm + g * GS, y + g * GS, GS, hp.rms_eps)
+    parallel_for(_gate_norm_task, J, n, 1, nthreads)
     lap(pr, P_ELEM)
     _product(pr, &L.ssm_out, J.y, DI, J.aq, n, out, nthreads, P_MM_O)
 

@@ -12,6 +12,8 @@ cdef void rope_table(float* cs, Py_ssize_t n_rot, float pos, float base, float f
 cdef void rope(float* x, Py_ssize_t n_heads, Py_ssize_t head_dim, Py_ssize_t n_rot,
                const float* cs, int mode) noexcept nogil
 cdef void silu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil
+cdef void silu_inplace(float* x, Py_ssize_t n) noexcept nogil
+cdef void mul_silu(float* y, const float* z, Py_ssize_t n) noexcept nogil
 cdef void gelu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil
 cdef void add_inplace(float* x, const float* y, Py_ssize_t n) noexcept nogil
 cdef void scale_inplace(float* x, float s, Py_ssize_t n) noexcept nogil

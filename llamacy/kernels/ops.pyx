@@ -96,6 +96,24 @@ cdef void silu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil:
         gate[i] = g / (1.0 + expf(-g)) * up[i]
 
 
+cdef void silu_inplace(float* x, Py_ssize_t n) noexcept nogil:
+    """x = SiLU(x) (the recurrent mixers' convolution outputs), with glibc's vector expf."""
+    cdef Py_ssize_t i
+    cdef float g
+    for i in range(n):
+        g = x[i]
+        x[i] = g / (1.0 + expf(-g))
+
+
+cdef void mul_silu(float* y, const float* z, Py_ssize_t n) noexcept nogil:
+    """y = y · SiLU(z) (the recurrent mixers' output gates)."""
+    cdef Py_ssize_t i
+    cdef float g
+    for i in range(n):
+        g = z[i]
+        y[i] = y[i] * (g / (1.0 + expf(-g)))
+
+
 cdef void gelu_mul(float* gate, const float* up, Py_ssize_t n) noexcept nogil:
     # The tanh approximation, as ggml_gelu and Gemma's gelu_pytorch_tanh compute it.
     cdef Py_ssize_t i

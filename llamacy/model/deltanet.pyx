@@ -24,7 +24,7 @@ from libc.math cimport expf, log1pf, sqrtf
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
 
-from llamacy.kernels.ops cimport dot_f32
+from llamacy.kernels.ops cimport dot_f32, mul_silu, silu_inplace
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.model.layout cimport LayerT, StateRows, snapshot_slot
 from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
@@ -133,8 +133,8 @@ cdef void _conv_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
                 acc = 0.0
                 for i in range(P):
                     acc = acc + st[i * C + c] * w[c * K + i]
-                acc = acc + x[c] * w[c * K + P]
-                y[c] = acc / (1.0 + expf(-acc))
+                y[c] = acc + x[c] * w[c * K + P]
+            silu_inplace(y + c0, c1 - c0)
             # The window moves on by one input: drop the oldest, keep this token's.
             slot = snapshot_slot(sr, t)
             for i in range(P):
@@ -187,7 +187,7 @@ cdef void _heads_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
     cdef const float* k
     cdef const float* v
     cdef const float* z
-    cdef float decay, beta, sk, d, acc, ss, inv, zz
+    cdef float decay, beta, sk, d, acc, ss, inv
     for h in range(begin, end):
         kh = h % j.n_k if j.k_tiled else h // r
         for t in range(j.n):
@@ -217,8 +217,8 @@ cdef void _heads_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
                 ss = ss + o[i] * o[i]
             inv = 1.0 / sqrtf(ss / DV + j.eps)
             for i in range(DV):
-                zz = z[i]
-                o[i] = o[i] * inv * L.ssm_norm[i] * (zz / (1.0 + expf(-zz)))
+                o[i] = o[i] * inv * L.ssm_norm[i]
+            mul_silu(o, z, DV)
             slot = snapshot_slot(sr, t)
             if slot != NULL:
                 memcpy(slot + conv + h * HS, S, HS * sizeof(float))

@@ -28,7 +28,7 @@ from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.matmul cimport matmul
-from llamacy.kernels.ops cimport dot_f32, rmsnorm
+from llamacy.kernels.ops cimport dot_f32, mul_silu, rmsnorm, silu_inplace
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_row_bytes
 from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, snapshot_slot
@@ -41,10 +41,6 @@ import numpy as np
 cdef inline float _softplus(float x) noexcept nogil:
     # As ggml_compute_softplus_f32: large inputs pass through (log1p(exp(x)) would overflow).
     return x if x > 20.0 else log1pf(expf(x))
-
-
-cdef inline float _silu(float x) noexcept nogil:
-    return x / (1.0 + expf(-x))
 
 
 cdef inline float* _live(const StateRows* sr, Py_ssize_t t) noexcept nogil:
@@ -105,8 +101,7 @@ cdef void _conv_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
             if L.ssm_conv1d_b != NULL:
                 for c in range(c0, c1):
                     out[c] += L.ssm_conv1d_b[c]
-            for c in range(c0, c1):
-                out[c] = _silu(out[c])
+            silu_inplace(out + c0, c1 - c0)
             slot = snapshot_slot(sr, t)
             for k in range(K1):
                 if k + 1 < K1:
@@ -128,8 +123,7 @@ cdef void _gate_norm_task(void* ctx, int64_t begin, int64_t end, int tid) noexce
     for t in range(begin, end):
         z = J.zxbcdt + t * P
         y = J.y + t * DI
-        for i in range(DI):
-            y[i] = y[i] * _silu(z[i])
+        mul_silu(y, z, DI)
         for g in range(NG):
             rmsnorm(y + g * GS, J.L.ssm_norm + g * GS, y + g * GS, GS, hp.rms_eps)
 

@@ -26,7 +26,7 @@ from libc.string cimport memcpy, memset
 
 from llamacy.kernels.ops cimport dot_f32, mul_silu, silu_inplace
 from llamacy.kernels.parallel cimport parallel_for
-from llamacy.model.layout cimport LayerT, StateRows, snapshot_slot
+from llamacy.model.layout cimport LayerT, StateRows, conv_step, live_state, snapshot_slot
 from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
 
 import numpy as np
@@ -67,11 +67,6 @@ cdef class DeltaSpace:
         return &f[0]
 
 
-cdef inline float* _live(const StateRows* sr, Py_ssize_t t) noexcept nogil:
-    """Token t's sequence's live state (not zeroed: each pass zeroes its own part at position 0)."""
-    return sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
-
-
 cdef inline float _softplus(float x) noexcept nogil:
     # torch's softplus returns x itself above its threshold of 20.
     return x if x > 20.0 else log1pf(expf(x))
@@ -110,40 +105,13 @@ cdef void _conv_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     sequence's last inputs of these channels), SiLU. A channel's sum runs over its taps oldest first, as
     ggml_ssm_conv sums, whatever the blocking."""
     cdef DeltaJob* j = <DeltaJob*> ctx
-    cdef const StateRows* sr = j.sr
-    cdef const LayerT* L = j.L
-    cdef Py_ssize_t C = j.channels, K = j.d_conv, P = K - 1, t, c, i, c0, c1, blk
-    cdef float* st
-    cdef float* slot
-    cdef const float* x
-    cdef float* y
-    cdef const float* w = L.ssm_conv1d
-    cdef float acc
+    cdef Py_ssize_t C = j.channels, t, c0, c1, blk
     for blk in range(begin, end):
         c0 = blk * CONV_BLOCK
         c1 = min(C, c0 + CONV_BLOCK)
         for t in range(j.n):
-            st = _live(sr, t)
-            if sr.pos[t] == 0:
-                for i in range(P):
-                    memset(st + i * C + c0, 0, (c1 - c0) * sizeof(float))
-            x = j.qkv + t * C
-            y = j.cv + t * C
-            for c in range(c0, c1):
-                acc = 0.0
-                for i in range(P):
-                    acc = acc + st[i * C + c] * w[c * K + i]
-                y[c] = acc + x[c] * w[c * K + P]
-            silu_inplace(y + c0, c1 - c0)
-            # The window moves on by one input: drop the oldest, keep this token's.
-            slot = snapshot_slot(sr, t)
-            for i in range(P):
-                if i + 1 < P:
-                    memcpy(st + i * C + c0, st + (i + 1) * C + c0, (c1 - c0) * sizeof(float))
-                else:
-                    memcpy(st + i * C + c0, x + c0, (c1 - c0) * sizeof(float))
-                if slot != NULL:
-                    memcpy(slot + i * C + c0, st + i * C + c0, (c1 - c0) * sizeof(float))
+            conv_step(j.sr, t, j.qkv + t * C, j.L.ssm_conv1d, NULL, j.cv + t * C, C, j.d_conv, c0, c1)
+            silu_inplace(j.cv + t * C + c0, c1 - c0)
 
 
 cdef void _gates(DeltaJob* j, const LayerT* L, Py_ssize_t n) noexcept nogil:
@@ -191,7 +159,7 @@ cdef void _heads_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
     for h in range(begin, end):
         kh = h % j.n_k if j.k_tiled else h // r
         for t in range(j.n):
-            S = _live(sr, t) + conv + h * HS
+            S = live_state(sr, t) + conv + h * HS
             if sr.pos[t] == 0:
                 memset(S, 0, HS * sizeof(float))
             q = j.cv + t * C + kh * DK

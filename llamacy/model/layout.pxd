@@ -214,8 +214,13 @@ ctypedef struct StateRows:
     Py_ssize_t n_snap
 
 
+cdef inline float* live_state(const StateRows* sr, Py_ssize_t t) noexcept nogil:
+    """The live state of token t's sequence, as it is (mixers that zero it part by part use this)."""
+    return sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
+
+
 cdef inline float* state_begin(const StateRows* sr, Py_ssize_t t) noexcept nogil:
-    cdef float* st = sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
+    cdef float* st = live_state(sr, t)
     if sr.pos[t] == 0:
         memset(st, 0, sr.floats * sizeof(float))
     return st
@@ -232,3 +237,31 @@ cdef inline void state_end(const StateRows* sr, Py_ssize_t t, const float* st) n
     cdef float* slot = snapshot_slot(sr, t)
     if slot != NULL:
         memcpy(slot, st, sr.floats * sizeof(float))
+
+
+cdef inline void conv_step(const StateRows* sr, Py_ssize_t t, const float* x, const float* w, const float* bias,
+                           float* out, Py_ssize_t C, Py_ssize_t K, Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
+    """Channels c0..c1-1 of token t's causal depthwise convolution (both recurrent mixers'): out[c] = the
+    taps w[c * K + k] over the sequence's carried inputs, oldest first, then over x[c], then bias[c] where
+    bias is not NULL (ggml_ssm_conv's order). The carried inputs are the live state's first (K - 1) rows of
+    C floats: zeroed at position 0, then moved on by one input (and copied into t's snapshot slot)."""
+    cdef float* st = live_state(sr, t)
+    cdef float* slot = snapshot_slot(sr, t)
+    cdef Py_ssize_t k, c, P = K - 1, m = c1 - c0
+    if sr.pos[t] == 0:
+        for k in range(P):
+            memset(st + k * C + c0, 0, m * sizeof(float))
+    for c in range(c0, c1):
+        out[c] = 0.0
+    for k in range(P):
+        for c in range(c0, c1):
+            out[c] += w[c * K + k] * st[k * C + c]
+    for c in range(c0, c1):
+        out[c] += w[c * K + P] * x[c]
+    if bias != NULL:
+        for c in range(c0, c1):
+            out[c] += bias[c]
+    for k in range(P):
+        memcpy(st + k * C + c0, (st + (k + 1) * C if k + 1 < P else x) + c0, m * sizeof(float))
+        if slot != NULL:
+            memcpy(slot + k * C + c0, st + k * C + c0, m * sizeof(float))

@@ -31,7 +31,7 @@ from llamacy.kernels.matmul cimport matmul
 from llamacy.kernels.ops cimport dot_f32, mul_silu, rmsnorm, silu_inplace
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_row_bytes
-from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, snapshot_slot
+from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, conv_step, live_state, snapshot_slot
 from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, P_QUANT, Products, lap
 from llamacy.model.rowjobs cimport quant_rows
 
@@ -41,11 +41,6 @@ import numpy as np
 cdef inline float _softplus(float x) noexcept nogil:
     # As ggml_compute_softplus_f32: large inputs pass through (log1p(exp(x)) would overflow).
     return x if x > 20.0 else log1pf(expf(x))
-
-
-cdef inline float* _live(const StateRows* sr, Py_ssize_t t) noexcept nogil:
-    """Token t's sequence's live state (not zeroed: each pass zeroes its own part at position 0)."""
-    return sr.state + sr.seq[t] * (1 + sr.n_snap) * sr.floats
 
 
 cdef void _product(Products* pr, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
@@ -70,46 +65,15 @@ cdef void _conv_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     (and are kept in t's snapshot slot if it has one). A channel's sum is the same whatever the blocking."""
     cdef Mamba2Job* J = <Mamba2Job*> ctx
     cdef const HParams* hp = J.hp
-    cdef const LayerT* L = J.L
-    cdef const StateRows* sr = J.sr
-    cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state, DC = hp.ssm_d_conv
-    cdef Py_ssize_t C = DI + 2 * NG * DS, K1 = DC - 1, P = 2 * DI + 2 * NG * DS + hp.ssm_dt_rank
-    cdef Py_ssize_t t, c, k, blk, c0, c1
-    cdef float* st
-    cdef float* slot
-    cdef float* out
-    cdef const float* x
-    cdef const float* w = L.ssm_conv1d
+    cdef Py_ssize_t DI = hp.ssm_d_inner, C = DI + 2 * hp.ssm_n_group * hp.ssm_d_state, P = C + DI + hp.ssm_dt_rank
+    cdef Py_ssize_t t, c0, c1, blk
     for blk in range(begin, end):
         c0 = blk * CONV_BLOCK
         c1 = min(C, c0 + CONV_BLOCK)
         for t in range(J.n):
-            st = _live(sr, t)
-            if sr.pos[t] == 0:
-                for k in range(K1):
-                    memset(st + k * C + c0, 0, (c1 - c0) * sizeof(float))
-            x = J.zxbcdt + t * P + DI
-            out = J.xbc + t * C
-            # The kernel taps in time order, oldest input first (ggml_ssm_conv's sum), then the bias.
-            for c in range(c0, c1):
-                out[c] = 0.0
-            for k in range(K1):
-                for c in range(c0, c1):
-                    out[c] += w[c * DC + k] * st[k * C + c]
-            for c in range(c0, c1):
-                out[c] += w[c * DC + K1] * x[c]
-            if L.ssm_conv1d_b != NULL:
-                for c in range(c0, c1):
-                    out[c] += L.ssm_conv1d_b[c]
-            silu_inplace(out + c0, c1 - c0)
-            slot = snapshot_slot(sr, t)
-            for k in range(K1):
-                if k + 1 < K1:
-                    memcpy(st + k * C + c0, st + (k + 1) * C + c0, (c1 - c0) * sizeof(float))
-                else:
-                    memcpy(st + k * C + c0, x + c0, (c1 - c0) * sizeof(float))
-                if slot != NULL:
-                    memcpy(slot + k * C + c0, st + k * C + c0, (c1 - c0) * sizeof(float))
+            conv_step(J.sr, t, J.zxbcdt + t * P + DI, J.L.ssm_conv1d, J.L.ssm_conv1d_b, J.xbc + t * C, C,
+                      hp.ssm_d_conv, c0, c1)
+            silu_inplace(J.xbc + t * C + c0, c1 - c0)
 
 
 cdef void _gate_norm_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -149,7 +113,7 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
         g = h // (NH // NG)
         for t in range(J.n):
             # Head h's part of t's sequence state, zeroed here at position 0 (the convolution zeroes its own).
-            S = _live(sr, t) + sr.conv + h * HD * DS
+            S = live_state(sr, t) + sr.conv + h * HD * DS
             if sr.pos[t] == 0:
                 memset(S, 0, HD * DS * sizeof(float))
             dt = _softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])

@@ -52,6 +52,8 @@ cdef void moe_experts(MoeJob* M, RowJob* rj, const LayerT* L, const float* rin, 
 # each; w1 NULL: one matrix), and a dense product of n rows quantized into aq.
 cdef void _experts(MoeJob* M, const WeightT* w0, float* y0, const WeightT* w1, float* y1, Py_ssize_t n_tok,
                    int nthreads) noexcept nogil
+# Tokens grouped by their chosen experts (M.sel, n tokens): M.start / row_of / tok_of.
+cdef void group_by_expert(MoeJob* M, Py_ssize_t n) noexcept nogil
 cdef void _dense(RowJob* rj, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
                  float* y, int nthreads) noexcept nogil
 

@@ -38,8 +38,6 @@ cdef void _route(MoeJob* M, Py_ssize_t n) noexcept nogil:
     cdef float mx, total, v
     cdef int32_t* sel
     cdef float* ws
-    for e in range(NE):
-        M.count[e] = 0
     for t in range(n):
         p = M.logits + t * NE
         mx = p[0]
@@ -75,8 +73,17 @@ cdef void _route(MoeJob* M, Py_ssize_t n) noexcept nogil:
                 total += ws[j]
             for j in range(K):
                 ws[j] /= total
-        for j in range(K):
-            M.count[sel[j]] += 1
+    group_by_expert(M, n)
+
+
+cdef void group_by_expert(MoeJob* M, Py_ssize_t n) noexcept nogil:
+    """The grouped order of the n tokens' chosen experts (M.sel): experts ascending, each expert's tokens in
+    batch order (M.start, M.row_of, M.tok_of)."""
+    cdef Py_ssize_t NE = M.hp.n_expert, K = M.hp.n_expert_used, t, j, e, i
+    for e in range(NE):
+        M.count[e] = 0
+    for i in range(n * K):
+        M.count[M.sel[i]] += 1
     M.start[0] = 0
     for e in range(NE):
         M.start[e + 1] = M.start[e] + M.count[e]

@@ -17,7 +17,7 @@ from libc.string cimport memcpy
 
 from llamacy.kernels.quant cimport act_row_bytes
 from llamacy.model.layout cimport HParams, LayerT
-from llamacy.model.moe cimport MoeJob, _dense, _experts
+from llamacy.model.moe cimport MoeJob, _dense, _experts, group_by_expert
 from llamacy.model.rowjobs cimport RowJob, act_rows, quant_rows
 
 
@@ -31,8 +31,6 @@ cdef void _route_sigmoid(MoeJob* M, const float* bias, Py_ssize_t n) noexcept no
     cdef int32_t* sel
     cdef float* ws
     cdef float best[256]  # the choice scores of the current best k (k <= 256: config checks)
-    for e in range(NE):
-        M.count[e] = 0
     for t in range(n):
         p = M.logits + t * NE
         for e in range(NE):
@@ -66,19 +64,7 @@ cdef void _route_sigmoid(MoeJob* M, const float* bias, Py_ssize_t n) noexcept no
         if hp.expert_scale != 1.0:
             for j in range(K):
                 ws[j] *= hp.expert_scale
-        for j in range(K):
-            M.count[sel[j]] += 1
-    M.start[0] = 0
-    for e in range(NE):
-        M.start[e + 1] = M.start[e] + M.count[e]
-        M.count[e] = 0  # refilled below as a cursor
-    for t in range(n):
-        for j in range(K):
-            e = M.sel[t * K + j]
-            i = M.start[e] + M.count[e]
-            M.count[e] += 1
-            M.row_of[t * K + j] = <int32_t>i
-            M.tok_of[i] = <int32_t>t
+    group_by_expert(M, n)
 
 
 cdef void moe_ungated_ffn(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, uint8_t* aq_tok,

@@ -1,4 +1,5 @@
 # Element-wise and attention operations of the layer loop: the C-level surface forward.pyx cimports.
+from libc.math cimport expf, log1pf
 
 cdef enum:
     ROPE_NORM = 0   # rotate adjacent pairs (x[2i], x[2i+1]): llama as GGUF stores it (Q/K permuted)
@@ -37,3 +38,9 @@ cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t 
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
                        Py_ssize_t scores_stride, float* out, int kv_fmt) noexcept nogil
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil
+
+
+cdef inline float softplus(float x) noexcept nogil:
+    """log(1 + e^x), large inputs passed through as torch (threshold 20) and ggml_compute_softplus_f32 do:
+    log1p(exp(x)) would overflow. Inline: compiled into the caller, without ops' -ffast-math."""
+    return x if x > 20.0 else log1pf(expf(x))

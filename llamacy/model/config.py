@@ -328,6 +328,19 @@ def expert_hparams(metadata: dict[str, Any], arch: str, source: str, norm: bool)
     )
 
 
+def file_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    """What every architecture reads alike, whatever its layers: name, vocabulary size (the key, else the
+    tokenizer's length) and trained context, as ModelConfig keyword arguments."""
+    r = MetadataReader(metadata, arch, source)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    return dict(
+        arch=arch,
+        name=str(metadata.get("general.name", "")),
+        n_vocab=r.int("vocab_size", len(tokens) if tokens is not None else None),
+        n_ctx_train=r.int("context_length", maximum=1 << 26),
+    )
+
+
 def common_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
     """The keys every llama-like architecture shares, as ModelConfig keyword arguments."""
     r = MetadataReader(metadata, arch, source)
@@ -340,8 +353,6 @@ def common_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str
         raise UnsupportedModelError(f"{source}: key and value head sizes differ ({head_dim} vs {value_dim})")
     if n_head % n_head_kv:
         raise UnsupportedModelError(f"{source}: {n_head} heads do not split into {n_head_kv} KV groups")
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    n_vocab = r.int("vocab_size", len(tokens) if tokens is not None else None)
     n_rot = r.int("rope.dimension_count", head_dim)
     if n_rot > head_dim or n_rot % 2:
         raise UnsupportedModelError(f"{source}: rope dimension {n_rot} does not fit head size {head_dim}")
@@ -353,10 +364,7 @@ def common_hparams(metadata: dict[str, Any], arch: str, source: str) -> dict[str
             raise UnsupportedModelError(f"{source}: RoPE scaling {scaling!r} is not supported (only linear)")
         freq_scale = 1.0 / r.float("rope.scaling.factor", 1.0)
     return dict(
-        arch=arch,
-        name=str(metadata.get("general.name", "")),
-        n_vocab=n_vocab,
-        n_ctx_train=r.int("context_length", maximum=1 << 26),
+        **file_hparams(metadata, arch, source),
         n_embd=n_embd,
         n_layer=r.int("block_count", maximum=4096),
         n_head=n_head,

@@ -20,11 +20,11 @@ thread), then every head over all tokens (one head per item). Each pass copies i
 a token into that token's snapshot slot (layout.pxd's snapshot_slot) and zeroes its part at position 0.
 """
 
-from libc.math cimport expf, log1pf, sqrtf
+from libc.math cimport expf, sqrtf
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
 
-from llamacy.kernels.ops cimport dot_f32, mul_silu, silu_inplace
+from llamacy.kernels.ops cimport dot_f32, mul_silu, silu_inplace, softplus
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.model.layout cimport LayerT, StateRows, conv_step, live_state, snapshot_slot
 from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
@@ -65,11 +65,6 @@ cdef class DeltaSpace:
         self._arrays.append(arr)
         cdef float[::1] f = arr
         return &f[0]
-
-
-cdef inline float _softplus(float x) noexcept nogil:
-    # torch's softplus returns x itself above its threshold of 20.
-    return x if x > 20.0 else log1pf(expf(x))
 
 
 cdef void _split_legacy(DeltaJob* j, Py_ssize_t n) noexcept nogil:
@@ -134,7 +129,7 @@ cdef void _gates(DeltaJob* j, const LayerT* L, Py_ssize_t n) noexcept nogil:
                 b = j.beta[t * j.n_v + h]
                 a = j.g[t * j.n_v + h]
             j.beta[t * j.n_v + h] = 1.0 / (1.0 + expf(-b))
-            j.y[t * j.n_v * j.dv + h] = _softplus(a + L.ssm_dt[h]) * L.ssm_a[h]  # g, parked in y
+            j.y[t * j.n_v * j.dv + h] = softplus(a + L.ssm_dt[h]) * L.ssm_a[h]  # g, parked in y
     # g out of y (y is written by the head pass; g's raw b/a rows were read above).
     for t in range(n):
         memcpy(j.g + t * j.n_v, j.y + t * j.n_v * j.dv, j.n_v * sizeof(float))

@@ -23,12 +23,12 @@ token in order, so threads split heads and never the arithmetic of one; the conv
 item per block of channels, the gate and norm one per token.
 """
 
-from libc.math cimport expf, log1pf
+from libc.math cimport expf
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.matmul cimport matmul
-from llamacy.kernels.ops cimport dot_f32, mul_silu, rmsnorm, silu_inplace
+from llamacy.kernels.ops cimport dot_f32, mul_silu, rmsnorm, silu_inplace, softplus
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_row_bytes
 from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, conv_step, live_state, snapshot_slot
@@ -36,11 +36,6 @@ from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, P_QUANT, Products,
 from llamacy.model.rowjobs cimport quant_rows
 
 import numpy as np
-
-
-cdef inline float _softplus(float x) noexcept nogil:
-    # As ggml_compute_softplus_f32: large inputs pass through (log1p(exp(x)) would overflow).
-    return x if x > 20.0 else log1pf(expf(x))
 
 
 cdef void _product(Products* pr, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
@@ -116,7 +111,7 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
             S = live_state(sr, t) + sr.conv + h * HD * DS
             if sr.pos[t] == 0:
                 memset(S, 0, HD * DS * sizeof(float))
-            dt = _softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])
+            dt = softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])
             dA = expf(dt * L.ssm_a[h])
             x = J.xbc + t * C + h * HD
             B = J.xbc + t * C + DI + g * DS

@@ -36,7 +36,7 @@ from llamacy.model.archs.base import (
     vec,
 )
 from llamacy.model.archs.gemma4_hf import HF_SPECS
-from llamacy.model.config import ROPE_NEOX, MetadataReader, ModelConfig
+from llamacy.model.config import ROPE_NEOX, MetadataReader, ModelConfig, file_hparams
 
 ARCH = "gemma4"
 
@@ -123,7 +123,6 @@ class Gemma4(Architecture):
                     f"{source}: shared-KV layer {il} has no earlier layer of its kind"
                 )
             kv_from.append(src[-1])
-        tokens = md.get("tokenizer.ggml.tokens")
         base_full = r.float("rope.freq_base", 10000.0)
         base_swa = r.float("rope.freq_base_swa", base_full)
         freq_scale = 1.0 / r.float("rope.scale_linear", 1.0)
@@ -132,10 +131,7 @@ class Gemma4(Architecture):
             raise UnsupportedModelError(f"{source}: RoPE scaling {scaling!r} is not supported for Gemma 4")
         i_full = next((i for i in range(n_layer) if not swa[i]), 0)
         return ModelConfig(
-            arch=ARCH,
-            name=str(md.get("general.name", "")),
-            n_vocab=r.int("vocab_size", len(tokens) if tokens is not None else None),
-            n_ctx_train=r.int("context_length", maximum=1 << 26),
+            **file_hparams(md, ARCH, source),
             n_embd=n_embd,
             n_layer=n_layer,
             n_head=n_head,

@@ -26,7 +26,7 @@ from gguf import TENSOR_NAMES
 from llamacy.errors import UnsupportedModelError
 from llamacy.model.archs.base import VECTOR, Architecture, TensorSpec, attention_tensors, experts, mat, vec
 from llamacy.model.archs.nemotron_h_hf import HF_DENSE, HF_MOE
-from llamacy.model.config import MetadataReader, ModelConfig
+from llamacy.model.config import MetadataReader, ModelConfig, file_hparams
 
 
 def _per_layer(md: dict[str, Any], r: MetadataReader, key: str, n_layer: int) -> list[int]:
@@ -103,12 +103,8 @@ class NemotronH(Architecture):
                 mixers.append("none")
                 ffns.append("moe_ungated" if n_expert else "ungated")
         conv = (d_conv - 1) * (d_inner + 2 * n_group * d_state)
-        tokens = md.get("tokenizer.ggml.tokens")
         return ModelConfig(
-            arch=arch,
-            name=str(md.get("general.name", "")),
-            n_vocab=r.int("vocab_size", len(tokens) if tokens is not None else None),
-            n_ctx_train=r.int("context_length", maximum=1 << 26),
+            **file_hparams(md, arch, source),
             n_embd=n_embd,
             n_layer=n_layer,
             n_head=n_head,

@@ -144,7 +144,7 @@ cdef class Forward:
         # are MoeSpace's.
         wide = cfg.widest()
         only_moe = cfg.n_expert and all(f == "moe" for f in cfg.layer_ffn)
-        # The activation rows products quantize (s.aq) are as wide as the widest input, and a delta-net's
+        # The activation rows products quantize (s.aq) are as wide as the widest input; a recurrent mixer's
         # output projection reads rows of ssm_d_inner values.
         self.scratch = ScratchSpace(cfg.n_embd, max(wide["q"], getattr(cfg, "ssm_d_inner", 0)), wide["kv"],
                                     wide["group"], 1 if only_moe else wide["n_ff"], wide["n_rot"], ubatch,

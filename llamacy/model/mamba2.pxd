@@ -1,5 +1,4 @@
 # The Mamba2 mixer of Nemotron-H (see mamba2.pyx).
-from libc.stdint cimport uint8_t
 
 from llamacy.model.layout cimport HParams, LayerT, StateRows
 from llamacy.model.products cimport Products
@@ -13,7 +12,6 @@ ctypedef struct Mamba2Job:
     float* zxbcdt         # [ubatch, d_in_proj]: the in-projection (z, xBC, dt), z later gated in place
     float* xbc            # [ubatch, conv channels]: xBC after the convolution and SiLU
     float* y              # [ubatch, d_inner]: the scan's output
-    uint8_t* aq           # quantized rows [ubatch, widest act row of n_embd and d_inner]
 
 
 # out[t] = the Mamba2 mixer of the normed rows xn[t] (n tokens, row stride n_embd), each token continuing

@@ -27,26 +27,12 @@ from libc.math cimport expf
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memset
 
-from llamacy.kernels.matmul cimport matmul
 from llamacy.kernels.ops cimport dot_f32, mul_silu, rmsnorm, silu_inplace, softplus
 from llamacy.kernels.parallel cimport parallel_for
-from llamacy.kernels.quant cimport act_row_bytes
-from llamacy.model.layout cimport HParams, LayerT, StateRows, WeightT, conv_step, live_state, snapshot_slot
-from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, P_QUANT, Products, lap
-from llamacy.model.rowjobs cimport quant_rows
+from llamacy.model.layout cimport HParams, LayerT, StateRows, conv_step, live_state, snapshot_slot
+from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
 
 import numpy as np
-
-
-cdef void _product(Products* pr, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
-                   float* y, int nthreads, int kind) noexcept nogil:
-    """y = w · x for n rows, quantizing into the mixer's own buffer (d_inner may be wider than the loop's
-    scratch rows)."""
-    lap(pr, P_ELEM)
-    quant_rows(pr.rj, w, x, ldx, aq, n, nthreads)
-    lap(pr, P_QUANT)
-    matmul(w.data, w.type, w.rows, w.cols, aq, n, y, w.rows, nthreads)
-    lap(pr, kind)
 
 
 # Channels per job item of the convolution: each item runs its channels over every token in batch order.
@@ -136,12 +122,12 @@ cdef void mamba2_mixer(Products* pr, Mamba2Job* J, const LayerT* L, const StateR
     J.L = L
     J.sr = sr
     J.n = n
-    _product(pr, &L.ssm_in, xn, E, J.aq, n, J.zxbcdt, nthreads, P_MM_QKV)
+    product(pr, &L.ssm_in, xn, E, n, J.zxbcdt, NULL, nthreads, P_MM_QKV)
     parallel_for(_conv_task, J, (DI + 2 * NG * DS + CONV_BLOCK - 1) // CONV_BLOCK, 1, nthreads)
     parallel_for(_scan_task, J, hp.ssm_dt_rank, 1, nthreads)
     parallel_for(_gate_norm_task, J, n, 1, nthreads)
     lap(pr, P_ELEM)
-    _product(pr, &L.ssm_out, J.y, DI, J.aq, n, out, nthreads, P_MM_O)
+    product(pr, &L.ssm_out, J.y, DI, n, out, NULL, nthreads, P_MM_O)
 
 
 cdef class Mamba2Space:
@@ -149,13 +135,10 @@ cdef class Mamba2Space:
 
     def __init__(self, cfg, Py_ssize_t ubatch):
         cdef Py_ssize_t DI = cfg.ssm_d_inner, C = DI + 2 * cfg.ssm_n_group * cfg.ssm_d_state
-        cdef Py_ssize_t widest = max(cfg.n_embd, DI)
         self._arrays = []
         self.job.zxbcdt = <float*> self._buf(ubatch * (DI + C + cfg.ssm_dt_rank), np.float32)
         self.job.xbc = <float*> self._buf(ubatch * C, np.float32)
         self.job.y = <float*> self._buf(ubatch * DI, np.float32)
-        # The float32 activation format is the widest (4 bytes a value).
-        self.job.aq = <uint8_t*> self._buf(ubatch * max(act_row_bytes(0, widest), 4 * widest) + 64, np.uint8)
 
     cdef void* _buf(self, Py_ssize_t n, dtype) except NULL:
         arr = np.zeros(max(n, 1), dtype)

@@ -143,7 +143,7 @@ def test_interrupt_before_any_text_drops_the_message(tiny_llm, monkeypatch):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(tiny_llm.model, "eval", ctrl_c)
+        m.setattr(tiny_llm.model, "eval_batch", ctrl_c)
         with pytest.raises(KeyboardInterrupt):
             run_turn(s, "this one is interrupted during the prompt")
     assert [m["content"] for m in s.history if m["role"] == "user"] == ["hello"]

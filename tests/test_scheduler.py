@@ -220,9 +220,9 @@ def test_queue_full_and_shutdown_fail_pending(llm):
 class SlowScheduler(Scheduler):
     """Steps take at least 5 ms, so that a test can act while a request is running."""
 
-    def _step(self) -> None:
+    def step(self) -> None:
         time.sleep(0.005)
-        super()._step()
+        super().step()
 
 
 def test_cancel_frees_the_slot(llm):

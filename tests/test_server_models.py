@@ -153,8 +153,8 @@ def test_max_memory_unloads_the_least_recently_used(both, solo):
         # A busy model is never unloaded: while a stream holds smollm2, gemma cannot get room (503).
         # (Its steps slowed down, so that the stream cannot end meanwhile, into the socket's buffer.)
         sched = registry.loaded()[0].scheduler
-        step = sched._step
-        sched._step = lambda: (time.sleep(0.02), step())
+        step = sched.step
+        sched.step = lambda: (time.sleep(0.02), step())
         body = {
             "model": "smollm2-135m",
             "prompt": PROMPT,

@@ -126,6 +126,8 @@ class _KV:
     """memory.Memory's contract, for a model that remembers only its tokens: any rollback is exact."""
 
     max_rollback = None
+    n_seq = 1
+    n_ctx = 64
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
@@ -133,8 +135,23 @@ class _KV:
     def length(self, seq: int = 0) -> int:
         return len(self.tokens)
 
+    def append(self, seq: int, ids: list[int]) -> None:
+        self.tokens.extend(ids)
+
+    def clear(self, seq: int = 0) -> None:
+        self.tokens.clear()
+
     def truncate(self, seq: int, n: int) -> None:
         del self.tokens[n:]
+
+    def common_prefix(self, seq: int, ids: list[int]) -> int:
+        n = 0
+        while n < min(len(ids), len(self.tokens)) and self.tokens[n] == ids[n]:
+            n += 1
+        return n
+
+    def best_cut(self, seq: int, n: int) -> int:
+        return n
 
     def checkpoint(self, seq: int) -> None:
         """Nothing to copy: every length is a tokens list away."""
@@ -161,6 +178,7 @@ class MarkovModel:
         self.table = rng.normal(0.0, 1.2, (n_vocab, n_vocab, n_vocab)).astype(np.float32)
         self.cfg = _Cfg(n_vocab)
         self.n_ctx = 64
+        self.n_threads = 1
         self.kv = _KV()
         self.batches: list[int] = []
 
@@ -174,6 +192,16 @@ class MarkovModel:
             self.kv.tokens.append(t)
             rows.append(self.logits_after(self.kv.tokens))
         return np.stack(rows) if logits == "all" else rows[-1]
+
+    def eval_batch(self, tokens, pos, seq, rows, hidden=False) -> np.ndarray:
+        """As Model.eval_batch: the caller records the tokens in the memory afterwards."""
+        self.batches.append(len(tokens))
+        context, out = list(self.kv.tokens), []
+        for t, p in zip(tokens.tolist(), pos.tolist(), strict=True):
+            del context[p:]
+            context.append(t)
+            out.append(self.logits_after(context))
+        return np.stack([out[r] for r in rows.tolist()])
 
 
 class _Decoder:

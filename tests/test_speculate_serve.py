@@ -145,7 +145,7 @@ def solo_text_of(llm, prompt: str) -> str:
 def test_drafts_only_when_alone_in_the_step(llm, monkeypatch):
     """Verification rows would make every other sequence of the batch wait: a speculating sequence drafts
     only in steps that hold nobody else."""
-    from llamacy.scheduler import loop, plan
+    from llamacy.scheduler import batcher, plan
 
     seen: list[tuple[int, list[int]]] = []
 
@@ -155,7 +155,7 @@ def test_drafts_only_when_alone_in_the_step(llm, monkeypatch):
         seen.append((len(active), list(p.n_rows)))
         return p
 
-    monkeypatch.setattr(loop, "plan_step", recording)
+    monkeypatch.setattr(batcher, "plan_step", recording)
     spec = Speculation(ngram=1)
     with Scheduler(llm, n_parallel=2, n_ctx=128) as sched:
         long = sched.submit(request(llm, PROMPTS[2], 40, temperature=0, speculate=spec, ignore_eos=True))
@@ -239,6 +239,7 @@ def test_a_scheduler_without_a_draft_model_refuses_draft_requests(llm):
 def test_openai_requests_speculate_with_the_servers_draft_model(llm, drafts):
     from concurrent.futures import ThreadPoolExecutor
 
+    import httpx
     import openai
 
     from llamacy.chat_template import ChatTemplate
@@ -258,6 +259,9 @@ def test_openai_requests_speculate_with_the_servers_draft_model(llm, drafts):
             return r.choices[0].text
 
         assert ask(PROMPTS[0]) == solo_text(llm, PROMPTS[0], 16, temperature=0)
+        metrics = httpx.get(srv.url + "/metrics", timeout=30).text  # alone in its steps, it drafted
+        drafted = [line for line in metrics.splitlines() if line.startswith("llamacy_draft_tokens_total{")]
+        assert drafted and float(drafted[0].rsplit(" ", 1)[1]) == sched.draft_tokens_total > 0
         with ThreadPoolExecutor(6) as pool:  # under concurrent load: the same answers
             answers = list(pool.map(ask, PROMPTS[:6]))
         assert answers == [solo_text(llm, p, 16, temperature=0) for p in PROMPTS[:6]]

@@ -1,5 +1,7 @@
-"""Generation, written once: the per-token steps (steps.py) that both the single-sequence session
-(session.py, behind Llama.generate_tokens) and the continuous-batching scheduler (llamacy/scheduler/) take."""
+"""Generation, written once: the per-token steps (steps.py: sampling, stop handling, verification of
+drafts), the drafters (speculate.py) and context shift (shift.py), which the scheduler's Batcher
+(llamacy/scheduler/batcher.py) takes for every sequence, and the Session (session.py, behind
+Llama.generate_tokens): that Batcher with one slot, stepped in the caller's thread."""
 
 from llamacy.generation.session import Completion, Session, Stats
 from llamacy.generation.steps import (

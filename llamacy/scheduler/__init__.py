@@ -22,11 +22,14 @@ independently of the others, so a request's tokens are the same whether it ran a
 Nothing here knows about HTTP: the server and `llamacy batch` both build on it.
 
 The parts: requests.py (the request, its events, the Handle), plan.py (which sequences and prompt chunks
-go into a step), apply.py (sampling and events from a step's logits, through the generation step shared
-with the single-sequence session, llamacy/generation), loop.py (the Scheduler: admission and the thread).
+go into a step), apply.py (sampling and events from a step's logits, through the generation steps in
+llamacy/generation/steps.py), batcher.py (the slots and the step, no thread: the single-sequence Session
+steps it with one slot in its caller's thread), loop.py (the Scheduler: the queue, admission and the
+thread).
 """
 
-from llamacy.generation import TokenLogprob
+from llamacy.generation.steps import TokenLogprob
+from llamacy.scheduler.batcher import Batcher
 from llamacy.scheduler.loop import DEFAULT_PREFILL_CHUNK, Scheduler
 from llamacy.scheduler.requests import (
     MAX_LOGPROBS,
@@ -45,6 +48,7 @@ from llamacy.scheduler.requests import (
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
     "MAX_LOGPROBS",
+    "Batcher",
     "Done",
     "Event",
     "Failed",

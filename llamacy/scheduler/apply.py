@@ -9,8 +9,7 @@ import time
 
 import numpy as np
 
-from llamacy.generation import Step
-from llamacy.generation.steps import verified_steps
+from llamacy.generation.steps import Step, verified_steps
 from llamacy.model.memory import Memory
 from llamacy.scheduler.plan import Running
 from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
@@ -30,6 +29,8 @@ def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
         n_steps += 1
         n_tokens += 0 if step.token is None else 1 + len(step.forced)
     kv.truncate(s.slot, cached + n_steps - 1)
+    s.drafted += len(s.draft)
+    s.accepted += n_steps - 1
     if s.drafter is not None and step.finish_reason is None:
         s.drafter.feedback(len(s.draft), n_steps - 1)
     s.draft = []
@@ -53,10 +54,10 @@ def deliver(s: Running, step: Step) -> Step:
     return step
 
 
-def send(s: Running, text: str) -> None:
+def send(s: Running, text: str, final: bool = False) -> None:
     """A Piece with text and the tokens generated since the previous one."""
     lp = s.unsent_lp if s.handle.request.logprobs is not None else None
-    s.handle._emit(Piece(text, s.unsent, lp))
+    s.handle._emit(Piece(text, s.unsent, lp, final))
     s.unsent, s.unsent_lp = [], []
 
 
@@ -66,7 +67,7 @@ def final_event(s: Running, reason: str) -> Done:
     if reason != "cancelled":
         tail = s.state.flush()
         if tail or s.unsent:
-            send(s, tail)
+            send(s, tail, final=True)
     now = time.perf_counter()
     h = s.handle
     t_first = s.t_first or now

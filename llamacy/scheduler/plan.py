@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llamacy.generation import SequenceState, TokenLogprob
 from llamacy.generation.shift import shifted
 from llamacy.generation.speculate import ModelDrafter, NgramDrafter
+from llamacy.generation.steps import SequenceState, TokenLogprob
 from llamacy.model.memory import Memory
 from llamacy.scheduler.requests import Handle
 
@@ -50,6 +50,8 @@ class Running:
         self.t_start = time.perf_counter()
         self.t_first: float | None = None  # when the prompt was done
         self.shifts = 0  # context shifts (shift_context)
+        self.drafted = 0  # speculative decoding: tokens drafted, and of those, accepted
+        self.accepted = 0
 
     @property
     def prefilling(self) -> bool:

@@ -13,7 +13,7 @@ from queue import SimpleQueue
 from typing import Any
 
 from llamacy.errors import LlamacyError
-from llamacy.generation import TokenLogprob
+from llamacy.generation.steps import TokenLogprob
 from llamacy.sampling import SamplingParams
 
 log = logging.getLogger("llamacy.scheduler")
@@ -64,6 +64,7 @@ class Piece:
     text: str
     tokens: list[int]
     logprobs: list[TokenLogprob] | None = None
+    final: bool = False  # the text held back to the end (a possible stop string, an incomplete character)
 
 
 @dataclass(frozen=True)

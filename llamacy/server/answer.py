@@ -77,29 +77,39 @@ async def collect(
     return [ends[i] for i in range(n)], lps
 
 
-async def lines(request: Request, call: gen.Generation, encoder: Encoder) -> AsyncIterator[str]:
+async def drive(call: gen.Generation, encoder: Encoder) -> AsyncIterator[str]:
+    """The one loop over a call's events: the encoder's lines for each, as described above. Leaving it early
+    does not cancel the requests (lines() does; a job runs on without a client)."""
     n = len(call.handles)
     dones: dict[int, Done] = {}
-    async with gen.cancel_on_disconnect(request, call):
-        for line in encoder.opening():
-            yield line
-        async for i, ev in call.events:
-            if isinstance(ev, Piece):
-                out = encoder.delta(i, ev)
-            elif isinstance(ev, Done):
-                dones[i] = ev
-                out = encoder.closing(i, ev)
-            else:
-                for line in encoder.error(ev):
-                    yield line
-                break  # leaving the block cancels the other choices
-            for line in out:
+    for line in encoder.opening():
+        yield line
+    async for i, ev in call.events:
+        if isinstance(ev, Piece):
+            out = encoder.delta(i, ev)
+        elif isinstance(ev, Done):
+            dones[i] = ev
+            out = encoder.closing(i, ev)
+        else:
+            for line in encoder.error(ev):
                 yield line
+            break
+        for line in out:
+            yield line
+    else:
         if len(dones) == n:
             for line in encoder.finale([dones[i] for i in range(n)]):
                 yield line
     for line in encoder.tail():
         yield line
+
+
+async def lines(request: Request, call: gen.Generation, encoder: Encoder) -> AsyncIterator[str]:
+    """drive(), for a client that is listening: its disconnecting, or an error in one choice, cancels the
+    call's requests."""
+    async with gen.cancel_on_disconnect(request, call):
+        async for line in drive(call, encoder):
+            yield line
 
 
 async def answer(request: Request, call: gen.Generation, encoder: Encoder, stream: bool) -> Response:

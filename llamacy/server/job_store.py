@@ -18,6 +18,7 @@ started, every second while it runs, finished), and a job this replica does not 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
@@ -25,7 +26,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from llamacy.scheduler import Done, Event, Failed, Handle, Piece
+from llamacy.scheduler import Done, Failed, Handle, Piece
+from llamacy.server.answer import Encoder, drive
 from llamacy.server.errors import APIError
 from llamacy.server.generation import finish_reason
 
@@ -62,8 +64,12 @@ class SharedJobs(Protocol):
         ...
 
 
-class Job:
-    """One job: its prompt, its request's handle, and the text so far (the answer while it runs)."""
+class Job(Encoder):
+    """One job: its prompt, its request's handle, and its answer, which is the job API's encoder: the one
+    event loop (answer.drive) feeds it the text as generated and the end, and the record it keeps is what
+    GET /jobs/{id} answers (whole(), result_dict()) while it runs and after."""
+
+    media_type = "application/json"
 
     def __init__(self, job_id: str, prompt: str = "", model: str = "", load_ms: float = 0.0) -> None:
         self.id = job_id
@@ -75,20 +81,43 @@ class Job:
         self._pieces: list[str] = []
         self.on_change: Callable[[Job], None] | None = None  # publishes the job (a shared store)
         self._published_at = 0.0
+        self._follower: asyncio.Task | None = None
 
-    def on_event(self, ev: Event) -> None:  # on the scheduler thread
-        if isinstance(ev, Piece):
-            self._pieces.append(ev.text)
-        else:
-            self.final = ev
+    def follow(self, call: Any) -> None:
+        """Feed this job the events of its generation call (server.generation.Generation), on the event loop,
+        until it ends; no client waits on it, so nothing cancels it."""
+
+        async def run() -> None:
+            async for _ in drive(call, self):
+                pass
+
+        self._follower = asyncio.get_running_loop().create_task(run())
+
+    # ---- the encoder: what each event does to the record (no wire lines: the record is polled) -------
+
+    def delta(self, i: int, piece: Piece) -> list[str]:
+        self._pieces.append(piece.text)
+        self._changed(first=len(self._pieces) == 1)
+        return []
+
+    def closing(self, i: int, done: Done) -> list[str]:
+        self.final = done
+        self._changed()
+        return []
+
+    def error(self, failed: Failed) -> list[str]:
+        self.final = failed
+        self._changed()
+        return []
+
+    def whole(self, dones: list[Done], logprobs: list) -> dict[str, Any]:
+        return self.result_dict()
+
+    def _changed(self, first: bool = False) -> None:
         if self.on_change is not None and self.handle is not None:  # else JobStore.started publishes it
             now = time.monotonic()
             # The first piece means it started; the last event, that it ended; in between, now and then.
-            if (
-                self.final is not None
-                or len(self._pieces) == 1
-                or now - self._published_at >= PUBLISH_EVERY_S
-            ):
+            if self.final is not None or first or now - self._published_at >= PUBLISH_EVERY_S:
                 self._published_at = now
                 self.on_change(self)
 

@@ -28,10 +28,12 @@ async def create_job(request: Request) -> JSONResponse:
     req.id = job_id
     job = await state.jobs.create(job_id, body.prompt, served.name, load_ms)
     try:
-        job.handle = gen.submit(served, req, job.on_event)
+        call = await gen.start(served, [req])
     except BaseException:
         state.jobs.discard(job_id)
         raise
+    job.handle = call.handles[0]
+    job.follow(call)
     state.jobs.started(job)
     return JSONResponse({"id": job_id, "status": job.status}, status_code=202)
 

@@ -9,8 +9,8 @@ from gguf import GGMLQuantizationType as QT
 
 from llamacy import Llama
 from llamacy.generation.speculate import Speculation
-from llamacy.scheduler import Batcher, GenerationRequest, Scheduler
 from llamacy.sampling import SamplingParams
+from llamacy.scheduler import Batcher, GenerationRequest, Scheduler
 
 PROMPT = [5, 17, 42, 9, 3]
 
@@ -72,7 +72,7 @@ def test_an_evaluation_error_reaches_the_caller_as_itself(tiny, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(tiny.model, "eval_batch", broken)
         with pytest.raises(ValueError, match="the kernel refused"):
-            list(tiny.generate_tokens(PROMPT + [7], max_tokens=2, temperature=0))
+            list(tiny.generate_tokens([*PROMPT, 7], max_tokens=2, temperature=0))
     # The sequence's memory was undefined after the failed step: it starts over, and gives the same answer.
     assert tiny.model.kv.length(0) == 0
     list(tiny.generate_tokens(PROMPT, max_tokens=4, temperature=0))

@@ -16,10 +16,10 @@ from llamacy.scheduler.plan import Running
 from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
 
 
-def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
+def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int, int]:
     """s evaluated its next token and s.draft in this step; rows are its logits (the last pending token's,
     then each draft's). Take the steps plain decoding would take while the drafts hold, send their text, cut
-    the rejected drafts from the cache. Returns the last step and the tokens generated."""
+    the rejected drafts from the cache. Returns the last step, the tokens generated and the drafts accepted."""
     cached = kv.length(s.slot) - len(s.draft)
     n_steps = n_tokens = 0
     probs = s.drafter.probs if s.drafter is not None else ()  # a model draft's distributions
@@ -33,7 +33,7 @@ def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
     if s.drafter is not None and step.finish_reason is None:
         s.drafter.feedback(len(s.draft), n_steps - 1)
     s.draft = []
-    return step, n_tokens
+    return step, n_tokens, n_steps - 1
 
 
 def deliver(s: Running, step: Step) -> Step:

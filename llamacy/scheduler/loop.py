@@ -97,6 +97,8 @@ class Scheduler:
         self.prompt_tokens_total = 0  # prompt tokens of admitted requests
         self.prompt_evaluated_total = 0  # of those, evaluated (the rest came from a slot's cache)
         self.generated_tokens_total = 0
+        self.draft_tokens_total = 0  # speculative decoding: tokens drafted, and of those, accepted
+        self.draft_accepted_total = 0
         self.steps_total = 0
         self.finished_total: dict[str, int] = {}
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated in that step)
@@ -360,13 +362,15 @@ class Scheduler:
         row = 0
         for s, n_rows in zip(plan.owners, plan.n_rows, strict=True):
             row += n_rows
+            self.draft_tokens_total += n_rows - 1
             try:
-                step, n_tokens = verify(s, logits[row - n_rows : row], kv)
+                step, n_tokens, accepted = verify(s, logits[row - n_rows : row], kv)
             except Exception as e:  # e.g. NaN logits: this sequence only
                 log.exception("sampling failed for request %s", s.handle.id)
                 self._fail(s, f"sampling failed: {e}")
                 continue
             n_generated += n_tokens
+            self.draft_accepted_total += accepted
             if step.finish_reason is not None:
                 self._finish(s, step.finish_reason)
         self.generated_tokens_total += n_generated

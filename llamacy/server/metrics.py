@@ -73,6 +73,15 @@ def render(state: ServerState) -> str:
         "prompt_evaluated_total",
     )
     per_model("llamacy_generated_tokens_total", "counter", "Tokens generated.", "generated_tokens_total")
+    per_model(
+        "llamacy_draft_tokens_total",
+        "counter",
+        "Speculative decoding: tokens drafted (ngram or the draft model) and verified.",
+        "draft_tokens_total",
+    )
+    per_model(
+        "llamacy_draft_accepted_total", "counter", "Of the drafted tokens, those accepted.", "draft_accepted_total"
+    )
     metric(
         "llamacy_requests_finished_total",
         "counter",

@@ -80,7 +80,10 @@ def render(state: ServerState) -> str:
         "draft_tokens_total",
     )
     per_model(
-        "llamacy_draft_accepted_total", "counter", "Of the drafted tokens, those accepted.", "draft_accepted_total"
+        "llamacy_draft_accepted_total",
+        "counter",
+        "Of the drafted tokens, those accepted.",
+        "draft_accepted_total",
     )
     metric(
         "llamacy_requests_finished_total",

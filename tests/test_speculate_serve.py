@@ -320,3 +320,98 @@ def test_batch_drafts_with_a_draft_model(llm, drafts, tmp_path):
     assert_one_line_error(r, 2, "prompt lookup only")
     r = llamacy("batch", str(items), "-o", str(tmp_path / "y.jsonl"), "--speculate", "draft")
     assert_one_line_error(r, 2, "--draft-model")
+
+
+# -- `llamacy serve --draft-model` as a process: a layer-truncated draft, concurrent streaming clients ------------
+
+
+def _stream_completion(url: str, prompt: str, max_tokens: int, draft: bool) -> str:
+    import json
+
+    import httpx
+
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if draft:
+        body["speculate"] = "draft"
+    text = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text.extend(c["text"] for c in json.loads(line[6:])["choices"])
+    return "".join(text)
+
+
+def _draft_metrics(url: str) -> tuple[int, int]:
+    import re
+
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    drafted = re.search(r"^llamacy_draft_tokens_total\{[^}]*\} (\d+)$", text, re.M)
+    accepted = re.search(r"^llamacy_draft_accepted_total\{[^}]*\} (\d+)$", text, re.M)
+    assert drafted and accepted, text
+    return int(drafted.group(1)), int(accepted.group(1))
+
+
+@pytest.mark.slow
+def test_serve_command_with_a_truncated_draft_under_concurrent_load(tmp_path):
+    """benchmarks/make_draft.py cuts a model to its first blocks (a draft of its vocabulary); `llamacy serve
+    --draft-model` with it answers six concurrent streaming greedy requests that end one by one exactly as
+    the same requests without drafting, and /metrics counts the drafts, some of them accepted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from llamacy import Llama
+    from tests.conftest import default_sigint
+    from tests.model_factory import write_tiny_model
+    from tests.test_server import solo_text
+
+    target = write_tiny_model(tmp_path / "target.gguf", n_layer=4, seed=3)
+    draft = tmp_path / "draft.gguf"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "make_draft.py"
+    env = {**os.environ, "PYTHONPATH": str(script.parent.parent)}
+    made = subprocess.run(
+        [sys.executable, script, target, "3", draft], capture_output=True, text=True, env=env
+    )
+    assert made.returncode == 0 and "blocks 3 of 4" in made.stdout, made.stderr
+    assert Llama(draft, n_ctx=64, n_threads=1).config.n_layer == 3
+    bad = subprocess.run(
+        [sys.executable, script, target, "4", tmp_path / "x.gguf"], capture_output=True, text=True, env=env
+    )
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "keep 1 to 3" in bad.stderr, bad.stderr
+
+    cmd = [sys.executable, "-m", "llamacy", "serve", "-m", target, "--draft-model", draft, "--parallel", "3"]
+    cmd += ["--threads", "1", "--ctx-size", "128", "--port", "0", "--host", "127.0.0.1"]
+    env.pop("LLAMACY_API_KEY", None)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                            preexec_fn=default_sigint)  # fmt: skip
+    try:
+        line = proc.stderr.readline()
+        assert " at http://127.0.0.1:" in line, line
+        url = line.split(" at ")[1].split()[0].removesuffix("/v1")
+        lengths = [30, 25, 20, 15, 10, 5]  # they end one by one: the last ones are alone, and draft
+
+        def answers(draft: bool) -> list[str]:
+            with ThreadPoolExecutor(6) as pool:
+                return list(pool.map(lambda p, n: _stream_completion(url, p, n, draft), PROMPTS[:6], lengths))
+
+        plain = answers(False)
+        assert _draft_metrics(url) == (0, 0)
+        assert answers(True) == plain
+        drafted, accepted = _draft_metrics(url)
+        assert drafted > 0 and accepted > 0
+        assert _stream_completion(url, PROMPTS[0], 30, True) == plain[0]  # alone
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    llm = Llama(target, n_ctx=128, n_threads=1)
+    assert plain == [solo_text(llm, p, n, temperature=0) for p, n in zip(PROMPTS, lengths, strict=False)]

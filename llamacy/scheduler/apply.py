@@ -18,7 +18,8 @@ from llamacy.scheduler.requests import Done, Handle, Piece, Timings, Usage
 def verify(s: Running, rows: np.ndarray, kv: Memory) -> tuple[Step, int]:
     """s evaluated its next token and s.draft in this step; rows are its logits (the last pending token's,
     then each draft's). Take the steps plain decoding would take while the drafts hold, send their text, cut
-    the rejected drafts from the cache. Returns the last step and the tokens generated."""
+    the rejected drafts from the cache (counting them in s.drafted, s.accepted). Returns the last step and the
+    tokens generated."""
     cached = kv.length(s.slot) - len(s.draft)
     n_steps = n_tokens = 0
     probs = s.drafter.probs if s.drafter is not None else ()  # a model draft's distributions

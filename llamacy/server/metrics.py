@@ -80,7 +80,7 @@ def render(state: ServerState) -> str:
         "draft_tokens_total",
     )
     per_model(
-        "llamacy_draft_tokens_accepted_total",
+        "llamacy_draft_accepted_total",
         "counter",
         "Speculative decoding: drafted tokens accepted.",
         "draft_accepted_total",

@@ -126,6 +126,35 @@ HYBRIDS: dict[str, dict] = {
         n_vocab=131072,
     ),
 }
+# Gemma 4 (issue #26): E2B's text model as its config.json gives it. Width 1536, 35 layers in the pattern
+# 4 sliding (window 512, head 256, RoPE base 1e4) + 1 full (head 512, proportional RoPE, a quarter rotated,
+# base 1e6); 8 query heads, 1 KV head; the last 20 layers share the K/V of earlier ones and have the
+# double-wide FFN (12288 instead of 6144); per-layer inputs of 256 per layer from a second 262144-row table;
+# final logit soft-capping 30; tied embedding. Written as f16 shards by write_gemma4 (the tests' tiny writer
+# holds every tensor in float32 at once: 18 GB at this size), with the tests' Gemma 4 tokenizer.json (a few
+# hundred real tokens), padded by the converter to the real vocabulary size.
+GEMMA4: dict[str, dict] = {
+    "gemma4-e2b": dict(
+        hidden_size=1536,
+        intermediate_size=6144,
+        num_hidden_layers=35,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        num_global_key_value_heads=1,
+        head_dim=256,
+        global_head_dim=512,
+        attention_k_eq_v=False,
+        sliding_window=512,
+        layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7,
+        num_kv_shared_layers=20,
+        use_double_wide_mlp=True,
+        hidden_size_per_layer_input=256,
+        vocab_size=262144,
+        vocab_size_per_layer_input=262144,
+        max_position_embeddings=131072,
+        final_logit_softcapping=30.0,
+    ),
+}
 DEFAULT_MODELS = "llama-3.2-1b,qwen2.5-1.5b,qwen2.5-3b"
 DEFAULT_TYPES = "q4_k_m,q4_0,q8_0"
 
@@ -143,7 +172,7 @@ def gguf_path(model: str, qtype: str) -> Path:
 def built_models() -> list[tuple[str, Path]]:
     """(label, path) of every benchmark model already built, in MODELS order then type order."""
     found = []
-    for model in [*MODELS, *HYBRIDS]:
+    for model in [*MODELS, *HYBRIDS, *GEMMA4]:
         for qtype in ("q4_k_m", "q4_0", "q8_0", *DEFAULT_TYPES.split(",")):
             p = gguf_path(model, qtype)
             if p.is_file() and (f"{model} {qtype.upper()}", p) not in found:
@@ -287,6 +316,91 @@ def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) ->
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def write_gemma4(directory: Path, name: str, seed: int = 0) -> None:
+    """A Gemma4ForConditionalGeneration checkpoint of GEMMA4[name]'s shape (text weights only; the converter
+    needs no vision tower), f16, one shard per layer; tensor names and per-layer shapes are the tests' own
+    (tests/hf_gemma4.py: layer_shape), so this is the layout the converter is tested against."""
+    from safetensors.numpy import save_file
+
+    from tests.hf_gemma4 import TEXT, gemma4_text_config, layer_shape
+    from tests.test_gemma4_tokenizer import write_hf_gemma4_tokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    write_hf_gemma4_tokenizer(directory)
+    spec = dict(GEMMA4[name])
+    c = gemma4_text_config(spec.pop("vocab_size"), **spec)
+    top = {
+        "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": c,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "_name": f"random-weight {name} (benchmarks/make_models.py)",
+    }  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(top, indent=1))
+    rng = np.random.default_rng(seed)
+    E, NH, P, L, V = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["hidden_size_per_layer_input"],
+        c["num_hidden_layers"],
+        c["vocab_size"],
+    )
+
+    def normal(*dims: int, std: float = 0.02) -> np.ndarray:
+        out = np.empty(dims, dtype=np.float16)
+        step = max(1, (1 << 26) // max(1, int(np.prod(dims[1:]))))  # rows per 64M-value slab: bounded memory
+        for r in range(0, dims[0], step):
+            n = min(step, dims[0] - r)
+            out[r : r + n] = rng.standard_normal((n, *dims[1:]), dtype=np.float32) * std
+        return out
+
+    def norm(n: int) -> np.ndarray:  # Gemma 4 multiplies by w (no offset): around 1
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
+
+    weight_map: dict[str, str] = {}
+
+    def save(tensors: dict[str, np.ndarray], fname: str) -> None:
+        save_file(tensors, str(directory / fname))
+        weight_map.update(dict.fromkeys(tensors, fname))
+
+    save(
+        {TEXT + "embed_tokens.weight": normal(V, E), TEXT + "norm.weight": norm(E)}, "model-embed.safetensors"
+    )
+    save(
+        {
+            TEXT + "embed_tokens_per_layer.weight": normal(V, L * P),
+            TEXT + "per_layer_model_projection.weight": normal(L * P, E),
+            TEXT + "per_layer_projection_norm.weight": norm(P),
+        },
+        "model-per-layer.safetensors",
+    )
+    for il in range(L):
+        s, p = layer_shape(c, il), f"{TEXT}layers.{il}."
+        HD, KV = s["head_dim"], s["n_kv"] * s["head_dim"]
+        w = {
+            p + "input_layernorm.weight": norm(E),
+            p + "self_attn.q_proj.weight": normal(NH * HD, E),
+            p + "self_attn.q_norm.weight": norm(HD),
+            p + "self_attn.o_proj.weight": normal(E, NH * HD),
+            p + "post_attention_layernorm.weight": norm(E),
+            p + "pre_feedforward_layernorm.weight": norm(E),
+            p + "mlp.gate_proj.weight": normal(s["n_ff"], E),
+            p + "mlp.up_proj.weight": normal(s["n_ff"], E),
+            p + "mlp.down_proj.weight": normal(E, s["n_ff"]),
+            p + "post_feedforward_layernorm.weight": norm(E),
+            p + "layer_scalar": norm(1),
+            p + "per_layer_input_gate.weight": normal(P, E),
+            p + "per_layer_projection.weight": normal(E, P),
+            p + "post_per_layer_input_norm.weight": norm(E),
+        }
+        if not s["shared"]:  # shared-KV layers have no K/V projections
+            w[p + "self_attn.k_proj.weight"] = normal(KV, E)
+            w[p + "self_attn.k_norm.weight"] = norm(HD)
+            if not s["k_eq_v"]:
+                w[p + "self_attn.v_proj.weight"] = normal(KV, E)
+        save(w, f"model-layer{il:03d}.safetensors")
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
 def write_hybrid(directory: Path, name: str) -> None:
     """A hybrid model's Hugging Face checkpoint (float32), through the tests' writers."""
     sys.path.insert(0, str(ROOT))
@@ -316,6 +430,8 @@ def build(model: str, types: list[str], threads: int) -> list[Path]:
         t0 = time.perf_counter()
         if model in HYBRIDS:
             write_hybrid(hf, model)
+        elif model in GEMMA4:
+            write_gemma4(hf, model)
         else:
             write_checkpoint(hf, model, MODELS[model])
         print(f"wrote {hf} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -335,7 +451,7 @@ def build(model: str, types: list[str], threads: int) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join([*MODELS, *HYBRIDS])}"
+        "--models", default=DEFAULT_MODELS, help=f"comma list of {', '.join([*MODELS, *HYBRIDS, *GEMMA4])}"
     )
     ap.add_argument("--types", default=DEFAULT_TYPES, help="comma list of llamacy convert --type values")
     ap.add_argument("--threads", type=int, default=2)
@@ -347,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out_dir().mkdir(parents=True, exist_ok=True)
     for model in [m for m in args.models.split(",") if m]:
-        if model not in MODELS and model not in HYBRIDS:
-            raise SystemExit(f"unknown model {model!r}; known: {', '.join([*MODELS, *HYBRIDS])}")
+        if model not in MODELS and model not in HYBRIDS and model not in GEMMA4:
+            raise SystemExit(f"unknown model {model!r}; known: {', '.join([*MODELS, *HYBRIDS, *GEMMA4])}")
         for p in build(model, [t.lower() for t in args.types.split(",") if t], args.threads):
             print(p)
     return 0

@@ -136,6 +136,19 @@ def test_micro_batches_equal_one_batch(tiny_model):
     np.testing.assert_allclose(chunked, whole, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1], ids=lambda t: t.name)
+def test_prefill_chunks_and_decode_give_the_same_bits(tiny_model, wtype):
+    """One float order per type on every path (issue #29): a whole prompt, micro-batches of 7 and one token
+    at a time, at 1 and 2 threads, give bit-identical logits. Q4_0 is on the row-lane order on a VNNI CPU
+    (prefill from repacked 8-row tiles, decode from the blocks as stored), Q4_1 on the per-lane one."""
+    path = tiny_model("llama", wtype)
+    ids = _ids(300, 40)
+    whole = Llama(path, n_threads=1, kv_type="f32").logits(ids)
+    for threads, n_batch in ((2, 512), (1, 7), (2, 1)):
+        other = Llama(path, n_threads=threads, n_batch=n_batch, kv_type="f32").logits(ids)
+        np.testing.assert_array_equal(other, whole, err_msg=f"threads={threads} n_batch={n_batch}")
+
+
 def test_threads_do_not_change_results(tiny_model):
     path = tiny_model("llama", QT.Q4_0)
     ids = _ids(300, 20)

@@ -1,5 +1,6 @@
 # AVX-512 VNNI matrix products: Y[t, r] = dot(W row r, activation row t), the same numbers as mm_avx2.pyx's
-# AVX2 kernels, bit for bit, in less time where the work is compute-bound (several tokens).
+# AVX2 kernels, bit for bit (Q4_0 apart: see "Float order"), in less time where the work is compute-bound
+# (several tokens).
 #
 # This module alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (setup.py), and
 # matmul.pyx imports it only on a CPU that has them (cpu.has_avx512_vnni), then has it write its kernels
@@ -23,22 +24,32 @@
 #     (ltile from_blocks): with so few tokens, unpacking a block where it is used beats storing and
 #     reloading it.
 #   - Decode (n_tok == 1, legacy types): mm_avx2.pyx's decode tile with dpbusd (ldec).
+#   - Q4_0 (matmul512_lanes.pxi) keeps one row per float lane: 8 rows repacked so that each dpbusd takes
+#     4 values of 8 rows against 4 quants of a token broadcast from memory; one conversion and one FMA per
+#     8 rows and block instead of one per row. Its prefill runs ~1.7x the per-lane tiles' rate.
 # The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add multiplier throughput on
 # Zen 4 (double-pumped) and would change the order of the float sums.
 #
-# Float order (bit-equality with mm_avx2.pyx, tested in tests/test_kernels_512.py). Per (row, token):
-#   legacy:  acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order; Y = hsum8(acc),
-#            + sum_b (m_w * s_x) in order for Q4_1/Q5_1 (products rounded, then added: no contraction,
-#            see setup.py's -ffp-contract=off).
+# Float order (tested in tests/test_kernels_512.py). Per (row, token):
+#   Q4_1, Q5_0, Q5_1, Q8_0: acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order;
+#            Y = hsum8(acc), + sum_b (m_w * s_x) in order for Q4_1/Q5_1 (products rounded, then added: no
+#            contraction, see setup.py's -ffp-contract=off). AVX2's formula, bit for bit; also llama.cpp's
+#            vec_dot order for these types.
+#   Q4_0:    Y = fma(float(isum_b), d_w*d_x, Y) over blocks b in order, isum_b the block's exact integer
+#            sum (issue #29's new order; llama.cpp's repacked Q4_0 kernels compute this). Every path here
+#            (decode, few tokens, prefill, any thread count) gives the same bits; AVX2 keeps the per-lane
+#            order, within the oracle's tolerance of this one (issue #29 allows the two ISAs to differ).
 #   K-quants: as mm_avx2.pyx's kdot.
-# AVX2 uses those same formulas for its tile shapes (decode and prefill), so one formula here matches them
-# (test_kernels_512.py names the one AVX2 tile where the compiler fused the min term).
+# AVX2 uses the per-lane formulas for its tile shapes (decode and prefill), so one formula here matches
+# them (test_kernels_512.py names the one AVX2 tile where the compiler fused the min term).
 #
 # What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, the
 # legacy types with n_tok == 1, and Q4_K/Q5_K/Q6_K with n_tok == 1 (mm_kdecode: unpacked in registers,
 # maddubs + dpwssd; bit-equal to AVX2's kdot). Q2_K/Q3_K decode and the float types stay on the AVX2
-# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated.
-from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint32_t
+# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated (but for Q4_0, which
+# then takes its few-token tiles: the same numbers, so no path of it ever leaves this module).
+from libc.math cimport fmaf
+from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
@@ -60,6 +71,10 @@ cdef enum:
     PF_TILES = 2    # decode: prefetch distance, in tiles
     SCH = 16        # prefill: blocks per batch of scale products (ltile)
     RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile from_blocks)
+    LR = 8          # Q4_0 (row lanes): rows per tile, one per float lane (lanerec)
+    LANE_PF_TILES = 1  # Q4_0 decode: prefetch distance, in 8-row tiles
+    LANE_RAW_TOK = 3  # Q4_0 (row lanes): up to this many tokens, no repacking (lanes_raw8); measured on
+                      # Zen 4, where repacking wins from 4 tokens at 1 and 2 threads
     COMPACT_TOK = 8  # Q2_K, Q3_K, Q6_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
 
@@ -111,6 +126,7 @@ cdef inline int nrows(const rshape* s) noexcept nogil:
 
 
 include "matmul512_legacy.pxi"
+include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
 
 
@@ -271,6 +287,8 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
     cdef char* buf
     if rows <= 0 or n_tok <= 0 or nb <= 0:
         return 0
+    if qblock is block_q4_0:
+        return mm512_lanes(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
     if qblock is block_q4_0 or qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 \
             or qblock is block_q8_0:
         if n_tok == 1:

@@ -1,0 +1,318 @@
+# The AVX-512 VNNI kernels of Q4_0 in the row-lane float order: repacking, prefill, decode and few-token
+# tiles, and their drivers. Included by matmul512.pyx (compiled with its AVX-512 flags), whose types,
+# constants and legacy helpers (load_u, token_seed) it uses.
+#
+# Float order (issue #29's new order, the one llama.cpp's repacked Q4_0 kernels use): per (row, token), block
+# by block, sum = fma(float(isum), d_w * d_x, sum) with isum the block's exact integer sum. A row's running
+# sum is one float lane, so the tiles put 8 rows side by side and advance them with one conversion and one
+# FMA per token and block, where the per-lane order (matmul512_legacy.pxi: 8 lanes per (row, token), summed
+# at the end) spends a conversion and an FMA per row. Which lanes hold which rows changes nothing in the
+# result: decode, few tokens, prefill and every thread count give the same bits. The other legacy types keep
+# the per-lane order, which is llama.cpp's for them (its vec_dot), and so keep matching it bit for bit.
+#
+# Only Q4_0 comes here (its block layout is written into the decode tile); the prefill tile and repacking
+# would take Q5_0 or Q8_0 as they are, with their offsets (16, 128) in token_sums.
+
+
+# One 32-value block of LR rows, repacked for the prefill tile, which keeps one row per lane: q[g] is the 32
+# bytes that dpbusd takes for values 4g..4g+3 of the LR rows, row r in bytes 4r..4r+3, unsigned (load_u:
+# q + 8); the offset's share, 8 times the token block's sum of quants, is the accumulator's start
+# (token_sums). d: the rows' fp32 scales.
+ctypedef struct lanerec:
+    uint8_t q[8][32]
+    float d[LR]
+
+
+# sums[i] = -8 * (sum of token block i's 32 quants), for the n blocks of X (the prefill tile's seeds: Q4_0's
+# unsigned quants are q + 8).
+cdef void token_sums(const block_q8a* X, Py_ssize_t n, int32_t* sums) noexcept nogil:
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef __m256i ones = _mm256_set1_epi8(1)
+    cdef Py_ssize_t i
+    for i in range(n):
+        sums[i] = -8 * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>X[i].qs)))
+
+
+# Rows w[0..nrows) (nb blocks each, nrows <= LR) into the records dst[0..nb); the other slots get zeros,
+# computed on and never stored. Per block the 8 rows' unsigned quants are an 8 x 8 matrix of 4-byte groups,
+# transposed in registers (unpacks of 32 and 64 bits, then 128-bit halves) into q[0..8).
+cdef void repack_lanes(const block_q4_0* w, int nrows, Py_ssize_t nb, lanerec* dst) noexcept nogil:
+    cdef __m256i v[8]
+    cdef __m256i t[8]
+    cdef __m256i s[8]
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef int r, i
+    cdef Py_ssize_t b
+    for b in range(nb):
+        for r in range(LR):
+            if r < nrows:
+                v[r] = load_u(w + r * nb + b)
+                dst[b].d[r] = fp16(w[r * nb + b].d)
+            else:
+                v[r] = zero
+                dst[b].d[r] = 0.0
+        for i in range(4):
+            t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1])
+            t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1])
+        for i in range(2):
+            s[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2])
+            s[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2])
+            s[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3])
+            s[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3])
+        for i in range(4):
+            _mm256_storeu_si256(<__m256i*>dst[b].q[i], _mm256_permute2x128_si256(s[i], s[4 + i], 0x20))
+            _mm256_storeu_si256(<__m256i*>dst[b].q[4 + i], _mm256_permute2x128_si256(s[i], s[4 + i], 0x31))
+
+
+# One prefill tile: the LR rows of records rec x T tokens from y (nb blocks apart; sums: their seeds);
+# out[t * ldo + r] for r < nvalid. Per token and block: 8 dpbusd, each against 4 of the token's quants
+# broadcast from memory (two chains of 4, for latency), one conversion, one multiply and one FMA for the 8
+# rows.
+cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y,
+                     const int32_t* sums, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef __m256 acc[MAXT]
+    cdef __m256i wq[8]
+    cdef __m256i lo, hi
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef __m256 dw
+    cdef const block_q8a* yb
+    cdef const uint8_t* xq
+    cdef float res[LR]
+    cdef int r, t, g
+    cdef Py_ssize_t b
+    for t in range(T):
+        acc[t] = _mm256_setzero_ps()
+    for b in range(nb):
+        for g in range(8):
+            wq[g] = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
+        dw = _mm256_loadu_ps(rec[b].d)
+        for t in range(T):
+            yb = y + t * nb + b
+            xq = <const uint8_t*>yb.qs
+            lo = _mm256_set1_epi32(sums[t * nb + b])
+            hi = zero
+            for g in range(4):
+                lo = _mm256_dpbusd_epi32(lo, wq[g], _mm256_set1_epi32(<int>load_u32(xq + 4 * g)))
+                hi = _mm256_dpbusd_epi32(hi, wq[g + 4], _mm256_set1_epi32(<int>load_u32(xq + 16 + 4 * g)))
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)),
+                                     _mm256_mul_ps(dw, _mm256_set1_ps(yb.d)), acc[t])
+    for t in range(T):
+        _mm256_storeu_ps(res, acc[t])
+        for r in range(nvalid):
+            out[t * ldo + r] = res[r]
+
+
+# Decode and a few tokens (n_tok <= LANE_RAW_TOK) for Q4_0, from the blocks as stored: 8 rows x T tokens.
+# Two rows share a register, row a's 16 quant bytes in the low half and row b's in the high half: the low
+# nibbles are both rows' values 0..15, the high nibbles their values 16..31, each dotted (dpbusd) with the
+# token's matching 16 quants in both halves. A pair's lane sums are then 4 per row instead of 8, and three
+# hadds turn the 4 pairs into one lane per row, ordered [r0 r2 r4 r6 | r1 r3 r5 r7] (the scales are loaded
+# in that order, the results stored back by it). The -8 offset starts every lane (seed): after the hadds
+# each row carries -8 * (the block's sum of quants). Per 8 rows and block that is 8 dpbusd, 3 hadds, 1
+# conversion and 1 FMA, where lanes_raw8 spends 8 dpbusd and a 9-step reduction.
+cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
+                    Py_ssize_t ldo) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef __m256 acc[MAXT]
+    cdef __m256i lo[4]
+    cdef __m256i hi[4]
+    cdef __m256i a[4]
+    cdef __m256i X, xlo, xhi, seed
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i eight = _mm256_set1_epi8(8)
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef __m256 dw
+    cdef uint16_t dh[LR]
+    cdef const block_q8a* yb
+    cdef float res[LR]
+    cdef int p, t
+    cdef Py_ssize_t b, k
+    cdef const char* pf = <const char*>(w + LANE_PF_TILES * LR * nb)
+    cdef Py_ssize_t pfstep = LR * sizeof(block_q4_0)
+    for t in range(T):
+        acc[t] = _mm256_setzero_ps()
+    for b in range(nb):
+        for k in range(0, pfstep, 64):
+            lc_prefetch(pf + b * pfstep + k)
+        for p in range(4):
+            X = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>w[2 * p * nb + b].qs)),
+                _mm_loadu_si128(<const __m128i*>w[(2 * p + 1) * nb + b].qs), 1)
+            lo[p] = _mm256_and_si256(X, m4)
+            hi[p] = _mm256_and_si256(_mm256_srli_epi16(X, 4), m4)
+            dh[p] = w[2 * p * nb + b].d
+            dh[4 + p] = w[(2 * p + 1) * nb + b].d
+        # through memory (lc_spill): 8 narrow stores and one load, not inserts on the shuffle pipes
+        lc_spill(<const float*>dh)
+        dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>dh))
+        for t in range(T):
+            yb = y + t * nb + b
+            xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>yb.qs))
+            xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>(yb.qs + 16)))
+            seed = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, eight, xlo), eight, xhi))
+            for p in range(4):
+                a[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(seed, lo[p], xlo), hi[p], xhi)
+            acc[t] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]))),
+                _mm256_mul_ps(dw, _mm256_set1_ps(yb.d)), acc[t])
+    for t in range(T):
+        _mm256_storeu_ps(res, acc[t])
+        for p in range(4):
+            out[t * ldo + 2 * p] = res[p]
+            out[t * ldo + 2 * p + 1] = res[4 + p]
+
+
+# The 4-row form of lanes_raw8, for rows a matrix has left after its 8-row tiles: the R rows' lane sums
+# become one lane each by sum4_epi32 and advance with one SSE conversion, multiply and FMA.
+cdef void lanes_raw4(const block_q4_0* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
+                     Py_ssize_t ldo) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef __m128 acc[MAXT]
+    cdef __m256i qx[R]
+    cdef __m256i qy, seed
+    cdef __m128 dw
+    cdef const block_q8a* yb
+    cdef float res[R]
+    cdef int r, t
+    cdef Py_ssize_t b
+    for t in range(T):
+        acc[t] = _mm_setzero_ps()
+    for b in range(nb):
+        dw = _mm_cvtph_ps(_mm_set_epi32(0, 0, <int>((<uint32_t>w[3 * nb + b].d) << 16 | w[2 * nb + b].d),
+                                        <int>((<uint32_t>w[nb + b].d) << 16 | w[b].d)))
+        for r in range(R):
+            qx[r] = load_u(w + r * nb + b)
+        for t in range(T):
+            yb = y + t * nb + b
+            qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
+            seed = token_seed(w, qy)
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_epi32(
+                _mm256_dpbusd_epi32(seed, qx[0], qy), _mm256_dpbusd_epi32(seed, qx[1], qy),
+                _mm256_dpbusd_epi32(seed, qx[2], qy), _mm256_dpbusd_epi32(seed, qx[3], qy))),
+                _mm_mul_ps(dw, _mm_set1_ps(yb.d)), acc[t])
+    for t in range(T):
+        _mm_storeu_ps(res, acc[t])
+        for r in range(R):
+            out[t * ldo + r] = res[r]
+
+
+# One row x one token in scalar float (the last 1-3 rows of a matrix).
+cdef float lanes_dec1(const block_q4_0* w, const block_q8a* y, Py_ssize_t nb) noexcept nogil:
+    cdef float acc = 0.0
+    cdef __m256i qy
+    cdef Py_ssize_t b
+    for b in range(nb):
+        qy = _mm256_loadu_si256(<const __m256i*>y[b].qs)
+        acc = fmaf(<float>hsum8_epi32(_mm256_dpbusd_epi32(token_seed(w, qy), load_u(w + b), qy)),
+                   fp16(w[b].d) * y[b].d, acc)
+    return acc
+
+
+# ---- drivers
+
+
+# Row tile rec against tokens [t0, t1): tiles of 4 tokens, then one of the 1-3 left.
+cdef inline void lanes_tokens(const block_q4_0* W, const lanerec* rec, const block_q8a* X, const int32_t* sums,
+                              Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy,
+                              Py_ssize_t r0, int nvalid) noexcept nogil:
+    cdef Py_ssize_t t = t0
+    while t + 4 <= t1:
+        lanes_tile(<const tok4*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+        t += 4
+    if t1 - t == 3:
+        lanes_tile(<const tok3*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+    elif t1 - t == 2:
+        lanes_tile(<const tok2*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+    elif t1 - t == 1:
+        lanes_tile(<const tok1*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+
+
+# Prefill work item g: rows [g*G, g*G + G), repacked LR at a time into buf (nb records per LR rows), against
+# every token (sums: their seeds), TCH tokens at a time. Each row tile is repacked right before its first
+# chunk of tokens (so that with one chunk it is still in L1) and kept for the later chunks (in L2).
+cdef void lanes_group(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+                      const int32_t* sums, float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g,
+                      lanerec* buf) noexcept nogil:
+    cdef Py_ssize_t r0 = g * G
+    cdef Py_ssize_t r1 = min(rows, r0 + G)
+    cdef Py_ssize_t ntiles = (r1 - r0 + LR - 1) // LR
+    cdef Py_ssize_t i, t0, t1
+    cdef int nvalid
+    t0 = 0
+    while t0 < n_tok:
+        t1 = min(n_tok, t0 + TCH)
+        for i in range(ntiles):
+            nvalid = <int>min(<Py_ssize_t>LR, r1 - r0 - i * LR)
+            if t0 == 0:
+                repack_lanes(W + (r0 + i * LR) * nb, nvalid, nb, buf + i * nb)
+            lanes_tokens(W, buf + i * nb, X, sums, t0, t1, nb, Y, ldy, r0 + i * LR, nvalid)
+        t0 = t1
+
+
+# Tokens [0, n_tok) of the rows from w as stored, 8 (eight) or 4 of them: tiles of 4 tokens, then one of
+# the 1-3 left.
+cdef inline void lanes_raw_tokens(const block_q4_0* w, bint eight, const block_q8a* X, Py_ssize_t n_tok,
+                                  Py_ssize_t nb, float* Y, Py_ssize_t ldy) noexcept nogil:
+    cdef Py_ssize_t t = 0
+    while t + 4 <= n_tok:
+        if eight:
+            lanes_dec(w, <const tok4*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+        else:
+            lanes_raw4(w, <const tok4*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+        t += 4
+    if n_tok - t == 3:
+        if eight:
+            lanes_dec(w, <const tok3*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+        else:
+            lanes_raw4(w, <const tok3*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+    elif n_tok - t == 2:
+        if eight:
+            lanes_dec(w, <const tok2*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+        else:
+            lanes_raw4(w, <const tok2*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+    elif n_tok - t == 1:
+        if eight:
+            lanes_dec(w, <const tok1*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+        else:
+            lanes_raw4(w, <const tok1*>NULL, X + t * nb, nb, Y + t * ldy, ldy)
+
+
+# Decode and few tokens, no repacking: rows LR at a time; the rows left over at the end (fewer than LR) 4 at
+# a time, then one by one, token by token.
+cdef void lanes_raw(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+                    float* Y, Py_ssize_t ldy) noexcept nogil:
+    cdef Py_ssize_t r = 0
+    cdef Py_ssize_t t
+    while r + LR <= rows:
+        lanes_raw_tokens(W + r * nb, True, X, n_tok, nb, Y + r, ldy)
+        r += LR
+    if r + R <= rows:
+        lanes_raw_tokens(W + r * nb, False, X, n_tok, nb, Y + r, ldy)
+        r += R
+    while r < rows:
+        for t in range(n_tok):
+            Y[t * ldy + r] = lanes_dec1(W + r * nb, X + t * nb, nb)
+        r += 1
+
+
+# The product in the row-lane order: decode and few tokens from the weights as stored, more tokens
+# repacked. Always 1: with no memory for the repacked rows it takes the few-token tiles, whose numbers are
+# the same.
+cdef int mm512_lanes(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+                     float* Y, Py_ssize_t ldy) noexcept nogil:
+    cdef Py_ssize_t G, g, tiles, sums_bytes
+    cdef char* buf
+    if n_tok > LANE_RAW_TOK:
+        tiles = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(lanerec)), GR // LR))
+        G = tiles * LR
+        sums_bytes = (n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
+        buf = <char*>lc_scratch(sums_bytes + tiles * nb * sizeof(lanerec))
+        if buf != NULL:
+            token_sums(X, n_tok * nb, <int32_t*>buf)
+            for g in range((rows + G - 1) // G):
+                lanes_group(W, rows, nb, X, n_tok, <const int32_t*>buf, Y, ldy, G, g,
+                            <lanerec*>(buf + sums_bytes))
+            return 1
+    lanes_raw(W, rows, nb, X, n_tok, Y, ldy)
+    return 1

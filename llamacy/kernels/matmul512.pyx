@@ -73,7 +73,7 @@ cdef enum:
     RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile from_blocks)
     LR = 8          # Q4_0 (row lanes): rows per tile, one per float lane (lanerec)
     LANE_PF_TILES = 1  # Q4_0 decode: prefetch distance, in 8-row tiles
-    LANE_RAW_TOK = 3  # Q4_0 (row lanes): up to this many tokens, no repacking (lanes_raw8); measured on
+    LANE_RAW_TOK = 3  # Q4_0 (row lanes): up to this many tokens, no repacking (lanes_dec); measured on
                       # Zen 4, where repacking wins from 4 tokens at 1 and 2 threads
     COMPACT_TOK = 8  # Q2_K, Q3_K, Q6_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)

@@ -110,7 +110,8 @@ cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y
 # hadds turn the 4 pairs into one lane per row, ordered [r0 r2 r4 r6 | r1 r3 r5 r7] (the scales are loaded
 # in that order, the results stored back by it). The -8 offset starts every lane (seed): after the hadds
 # each row carries -8 * (the block's sum of quants). Per 8 rows and block that is 8 dpbusd, 3 hadds, 1
-# conversion and 1 FMA, where lanes_raw8 spends 8 dpbusd and a 9-step reduction.
+# conversion and 1 FMA, where one row per register would need a 9-step reduction (measured slower at 2
+# threads).
 cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
                     Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)
@@ -163,8 +164,8 @@ cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y
             out[t * ldo + 2 * p + 1] = res[4 + p]
 
 
-# The 4-row form of lanes_raw8, for rows a matrix has left after its 8-row tiles: the R rows' lane sums
-# become one lane each by sum4_epi32 and advance with one SSE conversion, multiply and FMA.
+# The tile for 4 of the rows a matrix has left after its 8-row tiles, one row per register: the R rows'
+# lane sums become one lane each by sum4_epi32 and advance with one SSE conversion, multiply and FMA.
 cdef void lanes_raw4(const block_q4_0* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
                      Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)

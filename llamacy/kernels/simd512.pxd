@@ -26,7 +26,6 @@ cdef extern from "simd512.h" nogil:
     __m256i _mm256_unpacklo_epi64(__m256i a, __m256i b)
     __m256i _mm256_unpackhi_epi64(__m256i a, __m256i b)
     __m256i _mm256_permute2x128_si256(__m256i a, __m256i b, int imm)
-    __m256i _mm256_permute4x64_epi64(__m256i a, int imm)
     __m256i _mm256_castsi128_si256(__m128i a)
     __m256i _mm256_cvtepu8_epi32(__m128i a)
     __m256 _mm256_set_m128(__m128 hi, __m128 lo)

@@ -289,8 +289,7 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
         return 0
     if qblock is block_q4_0:
         return mm512_lanes(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
-    if qblock is block_q4_0 or qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 \
-            or qblock is block_q8_0:
+    if qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 or qblock is block_q8_0:
         if n_tok == 1:
             mm_decode(W, rows, nb, <const block_q8a*>X, Y)
             return 1

@@ -33,6 +33,12 @@ cdef void token_sums(const block_q8a* X, Py_ssize_t n, int32_t* sums) noexcept n
         sums[i] = -8 * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>X[i].qs)))
 
 
+# The exact int32 sums of the 8 lanes of each of a, b, c, d, as [sum a, sum b, sum c, sum d].
+cdef inline __m128i sum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) noexcept nogil:
+    cdef __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d))
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
+
+
 # Rows w[0..nrows) (nb blocks each, nrows <= LR) into the records dst[0..nb); the other slots get zeros,
 # computed on and never stored. Per block the 8 rows' unsigned quants are an 8 x 8 matrix of 4-byte groups,
 # transposed in registers (unpacks of 32 and 64 bits, then 128-bit halves) into q[0..8).

@@ -157,14 +157,6 @@ LC_I256(_mm256_packs_epi16)(__m256i a, __m256i b) {
         for (int i = 0; i < 8; i++) { r.i8[16 * l + i] = lc_sat8(a.i16[8 * l + i]); r.i8[16 * l + 8 + i] = lc_sat8(b.i16[8 * l + i]); }
     return r;
 }
-LC_I256(_mm256_hadd_epi32)(__m256i a, __m256i b) {
-    __m256i r;
-    for (int h = 0; h < 2; h++) {
-        r.u32[4 * h] = a.u32[4 * h] + a.u32[4 * h + 1]; r.u32[4 * h + 1] = a.u32[4 * h + 2] + a.u32[4 * h + 3];
-        r.u32[4 * h + 2] = b.u32[4 * h] + b.u32[4 * h + 1]; r.u32[4 * h + 3] = b.u32[4 * h + 2] + b.u32[4 * h + 3];
-    }
-    return r;
-}
 LC_I256(_mm256_permutevar8x32_epi32)(__m256i a, __m256i idx) { __m256i r; for (int i = 0; i < 8; i++) r.i32[i] = a.i32[idx.u32[i] & 7]; return r; }
 static inline __m128i _mm_hadd_epi16(__m128i a, __m128i b) {
     __m128i r;
@@ -217,11 +209,6 @@ static inline __m128 _mm256_castps256_ps128(__m256 a) { __m128 r; memcpy(&r, &a,
 static inline __m128 _mm256_extractf128_ps(__m256 a, int i) { __m128 r; memcpy(&r, &a.f[4 * (i & 1)], 16); return r; }
 static inline __m128 _mm_add_ps(__m128 a, __m128 b) { for (int i = 0; i < 4; i++) a.f[i] += b.f[i]; return a; }
 static inline __m128 _mm_mul_ps(__m128 a, __m128 b) { for (int i = 0; i < 4; i++) a.f[i] *= b.f[i]; return a; }
-LC_F256(_mm256_permutevar8x32_ps)(__m256 a, __m256i idx) { __m256 r; for (int i = 0; i < 8; i++) r.f[i] = a.f[idx.u32[i] & 7]; return r; }
-static inline __m128 _mm_cvtepi32_ps(__m128i a) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = (float)a.i32[i]; return r; }
-static inline __m128 _mm_loadu_ps(const float* p) { __m128 r; memcpy(&r, p, 16); return r; }
-static inline void _mm_storeu_ps(float* p, __m128 a) { memcpy(p, &a, 16); }
-static inline __m128 _mm_set1_ps(float v) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = v; return r; }
 static inline __m128 _mm_setzero_ps(void) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = 0.0f; return r; }
 static inline __m128 _mm_castsi128_ps(__m128i a) { __m128 r; memcpy(&r, &a, 16); return r; }
 static inline __m128 _mm_cvtph_ps(__m128i a) { __m128 r; for (int i = 0; i < 4; i++) r.f[i] = _cvtsh_ss(a.u16[i]); return r; }

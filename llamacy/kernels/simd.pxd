@@ -67,7 +67,6 @@ cdef extern from "simd.h" nogil:
     __m256i _mm256_packs_epi32(__m256i a, __m256i b)
     __m256i _mm256_packs_epi16(__m256i a, __m256i b)
     __m256i _mm256_permutevar8x32_epi32(__m256i a, __m256i idx)
-    __m256i _mm256_hadd_epi32(__m256i a, __m256i b)
     __m128i _mm_hadd_epi16(__m128i a, __m128i b)
     __m128i _mm_madd_epi16(__m128i a, __m128i b)
     __m128i _mm_add_epi32(__m128i a, __m128i b)
@@ -97,13 +96,8 @@ cdef extern from "simd.h" nogil:
     __m256 _mm256_cvtph_ps(__m128i a)
     __m128 _mm256_castps256_ps128(__m256 a)
     __m128 _mm256_extractf128_ps(__m256 a, int imm)
-    __m256 _mm256_permutevar8x32_ps(__m256 a, __m256i idx)
     __m128 _mm_add_ps(__m128 a, __m128 b)
     __m128 _mm_mul_ps(__m128 a, __m128 b)
-    __m128 _mm_cvtepi32_ps(__m128i a)
-    __m128 _mm_loadu_ps(const float* p)
-    void _mm_storeu_ps(float* p, __m128 a)
-    __m128 _mm_set1_ps(float v)
     __m128 _mm_setzero_ps()
     __m128 _mm_castsi128_ps(__m128i a)
     __m128 _mm_cvtph_ps(__m128i a)
@@ -143,13 +137,6 @@ cdef inline int hsum8_epi32(__m256i v) noexcept nogil:
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s))
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1))
     return _mm_cvtsi128_si32(s)
-
-
-# The exact int32 sums of the 8 lanes of each of a, b, c, d, as [sum a, sum b, sum c, sum d]: how the legacy
-# kernels turn per-row (or per row-token pair) lane sums into one lane each for the block float order.
-cdef inline __m128i sum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) noexcept nogil:
-    cdef __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d))
-    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
 
 
 cdef inline float fp16(unsigned short h) noexcept nogil:

@@ -21,6 +21,7 @@ cdef extern from "simd512.h" nogil:
 
     # AVX2 and SSE ones simd.pxd does not declare.
     __m256i _mm256_xor_si256(__m256i a, __m256i b)
+    __m256i _mm256_hadd_epi32(__m256i a, __m256i b)
     __m256i _mm256_unpacklo_epi32(__m256i a, __m256i b)
     __m256i _mm256_unpackhi_epi32(__m256i a, __m256i b)
     __m256i _mm256_unpacklo_epi64(__m256i a, __m256i b)
@@ -28,6 +29,7 @@ cdef extern from "simd512.h" nogil:
     __m256i _mm256_permute2x128_si256(__m256i a, __m256i b, int imm)
     __m256i _mm256_castsi128_si256(__m128i a)
     __m256i _mm256_cvtepu8_epi32(__m128i a)
+    __m256 _mm256_permutevar8x32_ps(__m256 a, __m256i idx)
     __m256 _mm256_set_m128(__m128 hi, __m128 lo)
     __m256 _mm256_broadcast_ps(const __m128* p)
     __m128i _mm_shuffle_epi8(__m128i a, __m128i mask)
@@ -36,5 +38,9 @@ cdef extern from "simd512.h" nogil:
     __m128i _mm_or_si128(__m128i a, __m128i b)
     __m128i _mm_setr_epi8(char a0, char a1, char a2, char a3, char a4, char a5, char a6, char a7,
                           char a8, char a9, char a10, char a11, char a12, char a13, char a14, char a15)
+    __m128 _mm_loadu_ps(const float* p)
+    void _mm_storeu_ps(float* p, __m128 a)
+    __m128 _mm_set1_ps(float v)
     __m128 _mm_load_ss(const float* p)
+    __m128 _mm_cvtepi32_ps(__m128i a)
     __m128 _mm_fmadd_ps(__m128 a, __m128 b, __m128 c)

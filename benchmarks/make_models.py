@@ -255,10 +255,40 @@ def write_tokenizer(directory: Path, shape: Shape) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+class Shards:
+    """Random f16 weights saved as safetensors shards, and the index that names them: what the checkpoint
+    writers below share. normal() fills big tensors 64M values at a time (the same numbers as in one draw),
+    so that a 262144-row table never exists in float32."""
+
+    def __init__(self, directory: Path, seed: int) -> None:
+        self.directory = directory
+        self.rng = np.random.default_rng(seed)
+        self.weight_map: dict[str, str] = {}
+
+    def normal(self, *dims: int, std: float = 0.02) -> np.ndarray:
+        out = np.empty(dims, dtype=np.float16)
+        step = max(1, (1 << 26) // max(1, int(np.prod(dims[1:]))))
+        for r in range(0, dims[0], step):
+            n = min(step, dims[0] - r)
+            out[r : r + n] = self.rng.standard_normal((n, *dims[1:]), dtype=np.float32) * std
+        return out
+
+    def norm(self, n: int) -> np.ndarray:  # norm weights near 1
+        return (1.0 + 0.1 * self.rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
+
+    def save(self, tensors: dict[str, np.ndarray], fname: str) -> None:
+        from safetensors.numpy import save_file
+
+        save_file(tensors, str(self.directory / fname))
+        self.weight_map.update(dict.fromkeys(tensors, fname))
+
+    def write_index(self) -> None:
+        index = {"metadata": {"total_size": 0}, "weight_map": self.weight_map}
+        (self.directory / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
 def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) -> None:
     """config.json, tokenizer and f16 safetensors (one shard per layer, plus embeddings), random weights."""
-    from safetensors.numpy import save_file
-
     directory.mkdir(parents=True, exist_ok=True)
     write_tokenizer(directory, shape)
     head_dim = shape.hidden // shape.heads
@@ -272,28 +302,16 @@ def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) ->
         **shape.extra,
     }  # fmt: skip
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
-    rng = np.random.default_rng(seed)
-
-    def normal(*dims: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(dims, dtype=np.float32) * std).astype(np.float16)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
-
+    sh = Shards(directory, seed)
+    normal, norm = sh.normal, sh.norm
     q_dim, kv_dim = shape.heads * head_dim, shape.kv_heads * head_dim
-    weight_map: dict[str, str] = {}
-
-    def save(tensors: dict[str, np.ndarray], fname: str) -> None:
-        save_file(tensors, str(directory / fname))
-        weight_map.update(dict.fromkeys(tensors, fname))
-
     emb = {
         "model.embed_tokens.weight": normal(shape.vocab, shape.hidden),
         "model.norm.weight": norm(shape.hidden),
     }
     if not shape.tied:
         emb["lm_head.weight"] = normal(shape.vocab, shape.hidden)
-    save(emb, "model-embed.safetensors")
+    sh.save(emb, "model-embed.safetensors")
     del emb
     for i in range(shape.layers):
         p = f"model.layers.{i}."
@@ -311,17 +329,14 @@ def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) ->
         if shape.arch == "qwen2":
             for proj, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
                 w[p + f"self_attn.{proj}_proj.bias"] = normal(n, std=0.1)
-        save(w, f"model-layer{i:03d}.safetensors")
-    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+        sh.save(w, f"model-layer{i:03d}.safetensors")
+    sh.write_index()
 
 
 def write_gemma4(directory: Path, name: str, seed: int = 0) -> None:
     """A Gemma4ForConditionalGeneration checkpoint of GEMMA4[name]'s shape (text weights only; the converter
     needs no vision tower), f16, one shard per layer; tensor names and per-layer shapes are the tests' own
     (tests/hf_gemma4.py: layer_shape), so this is the layout the converter is tested against."""
-    from safetensors.numpy import save_file
-
     from tests.hf_gemma4 import TEXT, gemma4_text_config, layer_shape
     from tests.test_gemma4_tokenizer import write_hf_gemma4_tokenizer
 
@@ -335,7 +350,8 @@ def write_gemma4(directory: Path, name: str, seed: int = 0) -> None:
         "_name": f"random-weight {name} (benchmarks/make_models.py)",
     }  # fmt: skip
     (directory / "config.json").write_text(json.dumps(top, indent=1))
-    rng = np.random.default_rng(seed)
+    sh = Shards(directory, seed)
+    normal, norm, save = sh.normal, sh.norm, sh.save
     E, NH, P, L, V = (
         c["hidden_size"],
         c["num_attention_heads"],
@@ -343,23 +359,6 @@ def write_gemma4(directory: Path, name: str, seed: int = 0) -> None:
         c["num_hidden_layers"],
         c["vocab_size"],
     )
-
-    def normal(*dims: int, std: float = 0.02) -> np.ndarray:
-        out = np.empty(dims, dtype=np.float16)
-        step = max(1, (1 << 26) // max(1, int(np.prod(dims[1:]))))  # rows per 64M-value slab: bounded memory
-        for r in range(0, dims[0], step):
-            n = min(step, dims[0] - r)
-            out[r : r + n] = rng.standard_normal((n, *dims[1:]), dtype=np.float32) * std
-        return out
-
-    def norm(n: int) -> np.ndarray:  # Gemma 4 multiplies by w (no offset): around 1
-        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float16)
-
-    weight_map: dict[str, str] = {}
-
-    def save(tensors: dict[str, np.ndarray], fname: str) -> None:
-        save_file(tensors, str(directory / fname))
-        weight_map.update(dict.fromkeys(tensors, fname))
 
     save(
         {TEXT + "embed_tokens.weight": normal(V, E), TEXT + "norm.weight": norm(E)}, "model-embed.safetensors"
@@ -397,8 +396,7 @@ def write_gemma4(directory: Path, name: str, seed: int = 0) -> None:
             if not s["k_eq_v"]:
                 w[p + "self_attn.v_proj.weight"] = normal(KV, E)
         save(w, f"model-layer{il:03d}.safetensors")
-    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
-    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    sh.write_index()
 
 
 def write_hybrid(directory: Path, name: str) -> None:

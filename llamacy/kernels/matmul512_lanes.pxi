@@ -8,7 +8,7 @@
 # FMA per token and block, where the per-lane order (matmul512_legacy.pxi: 8 lanes per (row, token), summed
 # at the end) spends a conversion and an FMA per row. Which lanes hold which rows changes nothing in the
 # result: decode, few tokens, prefill and every thread count give the same bits. The other legacy types keep
-# the per-lane order, which is llama.cpp's for them (its vec_dot), and so keep matching it bit for bit.
+# the per-lane order, which is llama.cpp's order for them (its vec_dot; not checked bit for bit against it).
 #
 # Only Q4_0 comes here (its block layout is written into the decode tile); the prefill tile and repacking
 # would take Q5_0 or Q8_0 as they are, with their offsets (16, 128) in token_sums.

@@ -10,11 +10,15 @@ tests import) and against the AVX2 kernels themselves:
   where every other AVX2 tile rounds the product first; there the two may differ by float rounding
   (allowed: 1e-6 * B, the SIMD-vs-scalar tolerance of test_kernels.py). Against the AVX2 kernel run one token
   at a time (which rounds the product) the VNNI kernels are bit-identical everywhere.
-- Q4_0 is the exception: its VNNI kernels follow the row-lane order of issue #29 (per row and block,
-  sum = fma(float(block's integer sum), d_w * d_x, sum): llama.cpp's order for Q4_0, which it repacks), so
-  against AVX2 (the per-lane order) it agrees within the SIMD-vs-scalar tolerance, not bit for bit. Against
-  that very chain computed here with libm's fmaf, and across every path (decode, few tokens, prefill,
-  token chunks, one token at a time, 1 or 2 threads), it is bit-identical.
+- Q4_0, Q4_K, Q5_K and Q6_K are the exceptions: their VNNI kernels follow the row-lane order of issue #29
+  (for Q4_0 and Q4_K the order of llama.cpp's repacked kernels). Q4_0: per row and block, sum =
+  fma(float(block's integer sum), d_w * d_x, sum). Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
+  m = fma(float(imin), dmin_w * d_x, m), Y = a - m, with isum the super-block's exact integer sum of scaled
+  products and imin its exact sum of mins x sub-block sums of the token's quants. Q6_K: one chain,
+  a = fma(float(isum), d_w * d_x, a), isum the exact sum of scale x (quant - 32) x activation quant. Against AVX2 (the
+  per-lane order) they agree within the SIMD-vs-scalar tolerance, not bit for bit. Against those very
+  chains computed here with libm's fmaf, and across every path (decode, few tokens, prefill, token chunks,
+  one token at a time, 1 or 2 threads), they are bit-identical.
 - thread counts 1 and 2: bit-identical.
 The dispatch tests run in subprocesses: LLAMACY_NO_AVX512=1 selects AVX2, and on a CPU without AVX-512
 (simulated) matmul512 is never imported.
@@ -43,6 +47,7 @@ from tests.test_kernels import (
     KQUANTS,
     LEGACY,
     Q8A,
+    Q8K,
     T,
     _f16_bytes,
     act_half_steps,
@@ -62,6 +67,7 @@ SHAPES = {
     "k": [(1, 256), (3, 512), (17, 768), (37, 1536)],
 }
 MIN_TYPES = (T.Q4_1, T.Q5_1)
+ROW_LANE_TYPES = (T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K)  # the VNNI kernels' own float order (see above)
 
 needs_vnni = pytest.mark.skipif(not mm.vnni_available(), reason=f"AVX-512 VNNI kernels: {mm.AVX512_STATUS}")
 
@@ -77,8 +83,9 @@ def _cases():
 
 
 def assert_same_as_avx2(t: T, Y: np.ndarray, Yavx2: np.ndarray, B: np.ndarray, what) -> None:
-    """Bit-identical, but for the AVX2 side's fused min term and Q4_0's order (see the module docstring)."""
-    if t == T.Q4_0:
+    """Bit-identical, but for the AVX2 side's fused min term and the row-lane types' order (see the module
+    docstring)."""
+    if t in ROW_LANE_TYPES:
         assert worst(np.abs(Y - Yavx2), 1e-6 * B) <= 1, what
         return
     same = Y.view(np.uint32) == Yavx2.view(np.uint32)
@@ -107,8 +114,8 @@ def test_vnni_against_oracle_and_avx2(t, rows, cols):
         quant_err = act_half_steps(t, x) @ np.abs(Wd).T
         assert worst(np.abs(Y - x.astype(np.float64) @ Wd.T), 1.001 * quant_err + 1e-5 * B) <= 1, n
         assert_same_as_avx2(t, Y, mm.matmul_py(data, int(t), x, impl="simd"), B, n)
-        # one token at a time (AVX2's, or for Q4_0 its own): bit-identical everywhere
-        impl = "vnni" if t == T.Q4_0 else "simd"
+        # one token at a time (AVX2's, or for the row-lane types their own): bit-identical everywhere
+        impl = "vnni" if t in ROW_LANE_TYPES else "simd"
         one = np.concatenate([mm.matmul_py(data, int(t), x[i : i + 1], impl=impl) for i in range(n)])
         assert np.array_equal(Y.view(np.uint32), one.view(np.uint32)), n
 
@@ -143,13 +150,31 @@ def test_vnni_threads_give_identical_results(t):
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), n
 
 
-def q4_0_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
-    """Y[t, r] by Q4_0's row-lane order, from the raw blocks: exact integer block sums (numpy int64), the
-    scale d_w * d_x rounded to float32, then sum = fmaf(float(isum), scale, sum) block by block, with the C
-    library's fmaf (one rounding, as the FMA instruction)."""
+def libm_fmaf():
+    """The C library's fmaf (one rounding, as the FMA instruction)."""
     fmaf = ctypes.CDLL(ctypes.util.find_library("m")).fmaf
     fmaf.argtypes = [ctypes.c_float, ctypes.c_float, ctypes.c_float]
     fmaf.restype = ctypes.c_float
+    return fmaf
+
+
+def fma_chain(ints: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """[t, r]: acc = fmaf(float32(ints[t, r, b]), scale[t, r, b], acc) over b in order, from acc = 0."""
+    fmaf = libm_fmaf()
+    n, rows, nb = ints.shape
+    out = np.zeros((n, rows), dtype=np.float32)
+    for t in range(n):
+        for r in range(rows):
+            acc = 0.0
+            for b in range(nb):
+                acc = fmaf(float(np.float32(ints[t, r, b])), float(scale[t, r, b]), acc)
+            out[t, r] = acc
+    return out
+
+
+def q4_0_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
+    """Y[t, r] by Q4_0's row-lane order, from the raw blocks: exact integer block sums (numpy int64), the
+    scale d_w * d_x rounded to float32, then the fmaf chain over blocks."""
     nb = cols // 32
     wb = data.reshape(rows, nb, 18)
     dw = wb[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -158,33 +183,83 @@ def q4_0_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, 
     xb = np.frombuffer(xq.tobytes(), dtype=Q8A).reshape(n, nb)
     isum = np.einsum("rbj,tbj->trb", q, xb["qs"].astype(np.int64))
     scale = dw[None, :, :] * xb["d"].astype(np.float32)[:, None, :]  # float32 products, rounded
-    out = np.zeros((n, rows), dtype=np.float32)
-    for t in range(n):
-        for r in range(rows):
-            acc = 0.0
-            for b in range(nb):
-                acc = fmaf(float(np.float32(isum[t, r, b])), float(scale[t, r, b]), acc)
-            out[t, r] = acc
-    return out
+    return fma_chain(isum, scale)
+
+
+def q45_k_row_lane_chain(t: T, data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
+    """Y[t, r] by Q4_K's or Q5_K's row-lane order, from the raw super-blocks (ggml's layout, decoded here with
+    numpy): exact integer sums isum (scaled products) and imin (mins x the token's sub-block sums of quants),
+    the scales d_w * d_x and dmin_w * d_x rounded to float32, two fmaf chains over super-blocks, a - m."""
+    nb = cols // 256
+    size = 144 if t == T.Q4_K else 176
+    wb = data.reshape(rows, nb, size)
+    d = wb[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = wb[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    s = wb[:, :, 4:16].astype(np.int64)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=2)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=2)
+    qs = wb[:, :, size - 128 :].astype(np.int64).reshape(rows, nb, 4, 32)
+    u = np.stack([qs & 15, qs >> 4], axis=3).reshape(rows, nb, 8, 32)  # sub-block 2p, then 2p+1
+    if t == T.Q5_K:  # bit j of qh[l]: the fifth bit of value l of sub-block j
+        qh = wb[:, :, 16:48].astype(np.int64)
+        u = u | (((qh[:, :, None, :] >> np.arange(8)[None, None, :, None]) & 1) << 4)
+    xb = np.frombuffer(xq.tobytes(), dtype=Q8K).reshape(n, nb)
+    xqs = xb["qs"].astype(np.int64).reshape(n, nb, 8, 32)
+    isum = np.einsum("rbj,rbji,tbji->trb", sc, u, xqs)
+    imin = np.einsum("rbj,tbj->trb", mn, xqs.sum(axis=3))
+    dx = xb["d"].astype(np.float32)[:, None, :]
+    a = fma_chain(isum, d[None, :, :] * dx)  # float32 products, rounded
+    m = fma_chain(imin, dmin[None, :, :] * dx)
+    return a - m
+
+
+def q6_k_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
+    """Y[t, r] by Q6_K's row-lane order, from the raw super-blocks (ggml's layout, decoded here with numpy):
+    the exact integer sum of scale x (quant - 32) x activation quant per super-block, the scale d_w * d_x
+    rounded to float32, one fmaf chain over super-blocks."""
+    nb = cols // 256
+    wb = data.reshape(rows, nb, 210)
+    ql = wb[:, :, 0:128].astype(np.int64).reshape(rows, nb, 2, 2, 32)  # [half n][low/high 32 bytes][l]
+    qh = wb[:, :, 128:192].astype(np.int64).reshape(rows, nb, 2, 1, 32)
+    sc = wb[:, :, 192:208].view(np.int8).astype(np.int64)
+    d = wb[:, :, 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    # values 128n + 32m + l, m = 0..3: nibble m // 2 of ql byte 32 * (m % 2) + l, high bits 2m of qh
+    quarters = [
+        ((ql[:, :, :, m % 2] >> (4 * (m // 2))) & 15) | (((qh[:, :, :, 0] >> (2 * m)) & 3) << 4)
+        for m in range(4)
+    ]
+    q = np.concatenate(quarters, axis=3).reshape(rows, nb, 256) - 32
+    xb = np.frombuffer(xq.tobytes(), dtype=Q8K).reshape(n, nb)
+    prod = np.einsum("rbv,tbv->trbv", q, xb["qs"].astype(np.int64)).reshape(n, rows, nb, 16, 16).sum(axis=4)
+    isum = (prod * sc[None]).sum(axis=3)
+    return fma_chain(isum, d[None, :, :] * xb["d"].astype(np.float32)[:, None, :])
+
+
+ROW_LANE_CHAINS = {
+    T.Q4_0: q4_0_row_lane_chain,
+    T.Q4_K: lambda *a: q45_k_row_lane_chain(T.Q4_K, *a),
+    T.Q5_K: lambda *a: q45_k_row_lane_chain(T.Q5_K, *a),
+    T.Q6_K: q6_k_row_lane_chain,
+}
 
 
 @needs_vnni
-def test_q4_0_row_lane_order_is_exact_on_every_path():
-    rng = np.random.default_rng(40)
-    for rows, cols in ((13, 96), (70, 1536)):
-        data = make_weights(T.Q4_0, rows, cols, rng)
+@pytest.mark.parametrize("t", ROW_LANE_TYPES, ids=lambda t: t.name)
+def test_row_lane_order_is_exact_on_every_path(t):
+    rng = np.random.default_rng(40 + int(t))
+    shapes = ((13, 96), (70, 1536)) if t == T.Q4_0 else ((13, 512), (70, 1536))
+    for rows, cols in shapes:
+        data = make_weights(t, rows, cols, rng)
         for n in (1, 2, 3, 4, 7, 9, 67, 131):
             x = rng.standard_normal((n, cols)).astype(np.float32)
-            Y = mm.matmul_py(data, int(T.Q4_0), x, impl="vnni")
+            Y = mm.matmul_py(data, int(t), x, impl="vnni")
             for threads in (1, 2):
-                got = mm.matmul_py(data, int(T.Q4_0), x, nthreads=threads, impl="vnni")
+                got = mm.matmul_py(data, int(t), x, nthreads=threads, impl="vnni")
                 assert np.array_equal(got.view(np.uint32), Y.view(np.uint32)), (rows, n, threads)
-            one = np.concatenate(
-                [mm.matmul_py(data, int(T.Q4_0), x[i : i + 1], impl="vnni") for i in range(n)]
-            )
+            one = np.concatenate([mm.matmul_py(data, int(t), x[i : i + 1], impl="vnni") for i in range(n)])
             assert np.array_equal(one.view(np.uint32), Y.view(np.uint32)), (rows, n)
             if rows * n <= 13 * 131:  # the chain in Python: small cases only
-                want = q4_0_row_lane_chain(data, quant.quantize_act(int(T.Q4_0), x), rows, cols, n)
+                want = ROW_LANE_CHAINS[t](data, quant.quantize_act(int(t), x), rows, cols, n)
                 assert np.array_equal(Y.view(np.uint32), want.view(np.uint32)), (rows, n)
 
 

@@ -1,6 +1,6 @@
 # AVX-512 VNNI matrix products: Y[t, r] = dot(W row r, activation row t), the same numbers as mm_avx2.pyx's
-# AVX2 kernels, bit for bit (Q4_0 apart: see "Float order"), in less time where the work is compute-bound
-# (several tokens).
+# AVX2 kernels, bit for bit (Q4_0, Q4_K, Q5_K and Q6_K apart: see "Float order"), in less time where the
+# work is compute-bound (several tokens).
 #
 # This module alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (setup.py), and
 # matmul.pyx imports it only on a CPU that has them (cpu.has_avx512_vnni), then has it write its kernels
@@ -27,6 +27,9 @@
 #   - Q4_0 (matmul512_lanes.pxi) keeps one row per float lane: 8 rows repacked so that each dpbusd takes
 #     4 values of 8 rows against 4 quants of a token broadcast from memory; one conversion and one FMA per
 #     8 rows and block instead of one per row. Its prefill runs ~1.7x the per-lane tiles' rate.
+#   - Q4_K, Q5_K and Q6_K (matmul512_klanes.pxi) the same way: 8 rows repacked per super-block, one dpbusd
+#     per 4 values of 8 rows, one vpmulld per sub-block for the 8 rows' scales; prefill ~1.6-1.9x the
+#     per-lane tiles (ktile). Decode reads the blocks as stored and folds 8 rows' lanes into one vector.
 # The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add multiplier throughput on
 # Zen 4 (double-pumped) and would change the order of the float sums.
 #
@@ -39,21 +42,27 @@
 #            sum (issue #29's new order; llama.cpp's repacked Q4_0 kernels compute this). Every path here
 #            (decode, few tokens, prefill, any thread count) gives the same bits; AVX2 keeps the per-lane
 #            order, within the oracle's tolerance of this one (issue #29 allows the two ISAs to differ).
-#   K-quants: as mm_avx2.pyx's kdot.
+#   Q4_K, Q5_K: a = fma(float(isum_b), d_w*d_x, a), m = fma(float(imin_b), dmin_w*d_x, m) over
+#            super-blocks, Y = a - m (isum_b, imin_b exact integers): llama.cpp's repacked Q4_K order (the
+#            Q4_K kernels equal its ggml_gemv_q4_K_8x8_q8_K bit for bit on the same inputs).
+#   Q6_K:    a = fma(float(isum_b), d_w*d_x, a), Y = a (issue #29's new order; for Q5_K and Q6_K not
+#            llama.cpp's, whose vec_dot keeps per-lane sums). Every path gives the same bits, as for Q4_0;
+#            AVX2 differs.
+#   Q2_K, Q3_K: as mm_avx2.pyx's kdot.
 # AVX2 uses the per-lane formulas for its tile shapes (decode and prefill), so one formula here matches
 # them (test_kernels_512.py names the one AVX2 tile where the compiler fused the min term).
 #
-# What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, the
-# legacy types with n_tok == 1, and Q4_K/Q5_K/Q6_K with n_tok == 1 (mm_kdecode: unpacked in registers,
-# maddubs + dpwssd; bit-equal to AVX2's kdot). Q2_K/Q3_K decode and the float types stay on the AVX2
-# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated (but for Q4_0, which
-# then takes its few-token tiles: the same numbers, so no path of it ever leaves this module).
+# What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, and the
+# legacy types and Q4_K/Q5_K/Q6_K with n_tok == 1. Q2_K/Q3_K decode and the float types stay on the AVX2
+# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated (but for Q4_0 and the
+# row-lane K-quants, which then take their few-token tiles: the same numbers, so no path of them ever leaves
+# this module).
 from libc.math cimport fmaf
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.kunpack cimport k4_scales_mins, move_bit, unpack_k
+from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport mm_try_fn, type_traits, writable_traits
@@ -75,6 +84,8 @@ cdef enum:
     LANE_PF_TILES = 1  # Q4_0 decode: prefetch distance, in 8-row tiles
     LANE_RAW_TOK = 3  # Q4_0 (row lanes): up to this many tokens, no repacking (lanes_dec); measured on
                       # Zen 4, where repacking wins from 4 tokens at 1 and 2 threads
+    KLANE_RAW_TOK = 3  # Q4_K, Q5_K, Q6_K (row lanes): up to this many tokens, no repacking (klanes_dec)
+    KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
     COMPACT_TOK = 8  # Q2_K, Q3_K, Q6_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
 
@@ -128,6 +139,7 @@ cdef inline int nrows(const rshape* s) noexcept nogil:
 include "matmul512_legacy.pxi"
 include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
+include "matmul512_klanes.pxi"
 
 
 # =========================================================================================================
@@ -289,6 +301,8 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
         return 0
     if qblock is block_q4_0:
         return mm512_lanes(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
+    if qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
+        return mm512_klanes(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy)
     if qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 or qblock is block_q8_0:
         if n_tok == 1:
             mm_decode(W, rows, nb, <const block_q8a*>X, Y)
@@ -297,9 +311,6 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
             mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
             return 1
     elif n_tok == 1:
-        if qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
-            mm_kdecode(W, rows, nb, <const block_q8k*>X, Y)
-            return 1
         return 0
     rec = sizeof(krec) if kq else sizeof(lrec)
     G = group_rows(nb * rec // R)

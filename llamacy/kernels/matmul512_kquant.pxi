@@ -1,6 +1,8 @@
-# The AVX-512 VNNI kernels of the K-quants (ACT_Q8K activations): repacking and prefill tiles. Included by
-# matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses. The unpacked form is
-# kunpack.pxd's, the dot mm_avx2.pyx's kdot:
+# The AVX-512 VNNI prefill kernels of the K-quants in the per-lane order (ACT_Q8K activations): repacking and
+# tiles. mm512 sends Q2_K and Q3_K here; Q4_K, Q5_K and Q6_K go to the row-lane kernels of
+# matmul512_klanes.pxi (ktile's forms for them are still compiled, as the fused types make them, and tested
+# nowhere but by being unreachable). Included by matmul512.pyx (compiled with its AVX-512 flags), whose
+# types and constants it uses. The unpacked form is kunpack.pxd's, the dot mm_avx2.pyx's kdot:
 #   value_j = d * sc_g * u_j - doff * off_g,  dot = d_x * (d * sum_g sc_g sum u q - doff * sum_g off_g bsum_g)
 
 # One 256-value super-block of R rows, repacked: mm_avx2.pyx's kunpacked, for 4 rows.
@@ -126,102 +128,3 @@ cdef void ktile(const kblock* tag, const tshape* shape, const scxform* form, con
     for t in range(T):
         for r in range(nvalid):
             out[t * ldo + r] = hsum8(acc[r][t])
-
-
-# Decode (one token) of Q4_K, Q5_K, Q6_K straight from the weights as stored, no repacking: per 32-value
-# step the unsigned bytes are made in registers (kunpack.pxd's formulas), maddubs with the token's bytes,
-# then dpwssd with the step's scale vector (Q4_K/Q5_K: the sub-block scale broadcast from the stored S;
-# Q6_K: one vpermw of the 16 group scales). The int32 lanes are kdot's (exact integer sums, the same 4
-# adjacent values per lane) and the float steps are kdot's, so the result is AVX2's bit for bit.
-cdef inline __m256 kdec512(const kblock* b, const block_q8k* y, __m256 acc) noexcept nogil:
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i sumi = _mm256_setzero_si256()
-    cdef __m256i S, O, v, a, c, hb, o, idx, u
-    cdef __m128i sm
-    cdef float d, doff
-    cdef int j, n, s
-    cdef int32_t s32[8]
-    if kblock is block_q4_K or kblock is block_q5_K:
-        sm = k4_scales_mins(b.scales)
-        S = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sm, sm))  # int32 lane s: (sc_s << 16 | sc_s)
-        O = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm))
-        _mm256_storeu_si256(<__m256i*>s32, S)  # broadcast back per step: loads, not shuffles
-        if kblock is block_q5_K:
-            hb = _mm256_loadu_si256(<const __m256i*>b.qh)
-        for j in range(4):
-            v = _mm256_loadu_si256(<const __m256i*>(b.qs + 32 * j))
-            a = _mm256_and_si256(v, m4)
-            c = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)
-            if kblock is block_q5_K:
-                a = _mm256_or_si256(a, _mm256_and_si256(move_bit(hb, 2 * j, 4), _mm256_set1_epi8(0x10)))
-                c = _mm256_or_si256(c, _mm256_and_si256(move_bit(hb, 2 * j + 1, 4), _mm256_set1_epi8(0x10)))
-            sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(
-                a, _mm256_loadu_si256(<const __m256i*>(y.qs + 64 * j))), _mm256_set1_epi32(s32[2 * j]))
-            sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(
-                c, _mm256_loadu_si256(<const __m256i*>(y.qs + 64 * j + 32))), _mm256_set1_epi32(s32[2 * j + 1]))
-        d = fp16(b.d)
-        doff = fp16(b.dmin)
-        o = _mm256_madd_epi16(O, _mm256_loadu_si256(<const __m256i*>y.bsums))
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi), acc)
-        return _mm256_fnmadd_ps(_mm256_set1_ps(doff * y.d), _mm256_cvtepi32_ps(o), acc)
-    elif kblock is block_q6_K:
-        S = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>b.scales))
-        O = _mm256_slli_epi16(S, 5)
-        for n in range(2):
-            a = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n))
-            c = _mm256_loadu_si256(<const __m256i*>(b.ql + 64 * n + 32))
-            hb = _mm256_loadu_si256(<const __m256i*>(b.qh + 32 * n))
-            for j in range(4):
-                s = 4 * n + j
-                if j == 0:
-                    u = _mm256_or_si256(_mm256_and_si256(a, m4),
-                                        _mm256_and_si256(_mm256_slli_epi16(hb, 4), _mm256_set1_epi8(0x30)))
-                elif j == 1:
-                    u = _mm256_or_si256(_mm256_and_si256(c, m4),
-                                        _mm256_and_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(0x30)))
-                elif j == 2:
-                    u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                                        _mm256_and_si256(hb, _mm256_set1_epi8(0x30)))
-                else:
-                    u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), _mm256_set1_epi8(0x30)))
-                # int16 lanes 0..7 pick the scale of group 2s, lanes 8..15 that of group 2s + 1
-                idx = _mm256_add_epi16(_mm256_setr_epi32(0, 0, 0, 0, 0x10001, 0x10001, 0x10001, 0x10001),
-                                       _mm256_set1_epi16(2 * s))
-                sumi = _mm256_dpwssd_epi32(sumi, _mm256_maddubs_epi16(
-                    u, _mm256_loadu_si256(<const __m256i*>(y.qs + 32 * s))), _mm256_permutexvar_epi16(idx, S))
-        d = fp16(b.d)
-        o = _mm256_madd_epi16(O, _mm256_loadu_si256(<const __m256i*>y.bsums))
-        return _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, o)), acc)
-    return acc  # Q2_K/Q3_K: not used (mm512 leaves their decode to AVX2)
-
-
-# R rows from w (nb super-blocks apart) against one token; nrow = R or 1 (a tail row).
-cdef inline void kdec_tile(const kblock* w, const block_q8k* y, Py_ssize_t nb, float* out,
-                           const rshape* shape) noexcept nogil:
-    cdef int NR = nrows(shape)
-    cdef __m256 acc[4]
-    cdef const char* pf = <const char*>(w + PF_TILES * NR * nb)
-    cdef Py_ssize_t pfstep = NR * sizeof(kblock)
-    cdef Py_ssize_t b, k
-    cdef int r
-    for r in range(NR):
-        acc[r] = _mm256_setzero_ps()
-    for b in range(nb):
-        for k in range(0, pfstep, 64):
-            lc_prefetch(pf + b * pfstep + k)
-        for r in range(NR):
-            acc[r] = kdec512(w + r * nb + b, y + b, acc[r])
-    for r in range(NR):
-        out[r] = hsum8(acc[r])
-
-
-cdef void mm_kdecode(const kblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X,
-                     float* Y) noexcept nogil:
-    cdef Py_ssize_t r = 0
-    while r + R <= rows:
-        kdec_tile(W + r * nb, X, nb, Y + r, <const row4*>NULL)
-        r += R
-    while r < rows:
-        kdec_tile(W + r * nb, X, nb, Y + r, <const row1*>NULL)
-        r += 1

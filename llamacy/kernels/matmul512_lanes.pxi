@@ -39,15 +39,42 @@ cdef inline __m128i sum4_epi32(__m256i a, __m256i b, __m256i c, __m256i d) noexc
     return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
 
 
-# Rows w[0..nrows) (nb blocks each, nrows <= LR) into the records dst[0..nb); the other slots get zeros,
-# computed on and never stored. Per block the 8 rows' unsigned quants are an 8 x 8 matrix of 4-byte groups,
-# transposed in registers (unpacks of 32 and 64 bits, then 128-bit halves) into q[0..8).
-cdef void repack_lanes(const block_q4_0* w, int nrows, Py_ssize_t nb, lanerec* dst) noexcept nogil:
-    cdef __m256i v[8]
+# The 8 rows' 32 bytes in v[0..8) as an 8 x 8 matrix of 4-byte groups, transposed in registers (unpacks of
+# 32 and 64 bits, then 128-bit halves) into q[0..256): 32 bytes per group g, row r's bytes 4g..4g+3 in
+# bytes 4r..4r+3 (what one dpbusd takes for 8 rows).
+cdef inline void transpose_groups(const __m256i* v, uint8_t* q) noexcept nogil:
     cdef __m256i t[8]
     cdef __m256i s[8]
+    cdef int i
+    for i in range(4):
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1])
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1])
+    for i in range(2):
+        s[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2])
+        s[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2])
+        s[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3])
+        s[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3])
+    for i in range(4):
+        _mm256_storeu_si256(<__m256i*>(q + 32 * i), _mm256_permute2x128_si256(s[i], s[4 + i], 0x20))
+        _mm256_storeu_si256(<__m256i*>(q + 32 * (4 + i)), _mm256_permute2x128_si256(s[i], s[4 + i], 0x31))
+
+
+# rows8_sums: the exact int32 sums of the 8 lanes of each of 8 vectors s[0..8), as one vector (lane r: the
+# sum of s[r]'s lanes), from the pairs h[p] = hadd(s[2p], s[2p+1]) (so that a caller can fold each pair as
+# soon as it has it, with fewer vectors live).
+cdef inline __m256i rows8_sums(const __m256i* h) noexcept nogil:
+    cdef __m256i g0 = _mm256_hadd_epi32(h[0], h[1])
+    cdef __m256i g1 = _mm256_hadd_epi32(h[2], h[3])
+    # g0: rows 0..3's sums of lanes 0..3, then of lanes 4..7; g1 the same for rows 4..7
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31))
+
+
+# Rows w[0..nrows) (nb blocks each, nrows <= LR) into the records dst[0..nb); the other slots get zeros,
+# computed on and never stored.
+cdef void repack_lanes(const block_q4_0* w, int nrows, Py_ssize_t nb, lanerec* dst) noexcept nogil:
+    cdef __m256i v[8]
     cdef __m256i zero = _mm256_setzero_si256()
-    cdef int r, i
+    cdef int r
     cdef Py_ssize_t b
     for b in range(nb):
         for r in range(LR):
@@ -57,17 +84,7 @@ cdef void repack_lanes(const block_q4_0* w, int nrows, Py_ssize_t nb, lanerec* d
             else:
                 v[r] = zero
                 dst[b].d[r] = 0.0
-        for i in range(4):
-            t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1])
-            t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1])
-        for i in range(2):
-            s[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2])
-            s[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2])
-            s[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3])
-            s[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3])
-        for i in range(4):
-            _mm256_storeu_si256(<__m256i*>dst[b].q[i], _mm256_permute2x128_si256(s[i], s[4 + i], 0x20))
-            _mm256_storeu_si256(<__m256i*>dst[b].q[4 + i], _mm256_permute2x128_si256(s[i], s[4 + i], 0x31))
+        transpose_groups(v, &dst[b].q[0][0])
 
 
 # One prefill tile: the LR rows of records rec x T tokens from y (nb blocks apart; sums: their seeds);

@@ -22,6 +22,10 @@ cdef extern from "simd512.h" nogil:
     # AVX2 and SSE ones simd.pxd does not declare.
     __m256i _mm256_xor_si256(__m256i a, __m256i b)
     __m256i _mm256_hadd_epi32(__m256i a, __m256i b)
+    __m256i _mm256_mullo_epi32(__m256i a, __m256i b)
+    __m256 _mm256_sub_ps(__m256 a, __m256 b)
+    __m128i _mm_setzero_si128()
+    void _mm_storeu_si128(__m128i* p, __m128i a)
     __m256i _mm256_unpacklo_epi32(__m256i a, __m256i b)
     __m256i _mm256_unpackhi_epi32(__m256i a, __m256i b)
     __m256i _mm256_unpacklo_epi64(__m256i a, __m256i b)

@@ -86,7 +86,7 @@ cdef enum:
                       # Zen 4, where repacking wins from 4 tokens at 1 and 2 threads
     KLANE_RAW_TOK = 3  # Q4_K, Q5_K, Q6_K (row lanes): up to this many tokens, no repacking (klanes_dec)
     KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
-    COMPACT_TOK = 8  # Q2_K, Q3_K, Q6_K: up to this many tokens, scales expanded in ktile (see krec)
+    COMPACT_TOK = 8  # Q2_K, Q3_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
 
 
@@ -136,6 +136,23 @@ cdef inline int nrows(const rshape* s) noexcept nogil:
         return R
 
 
+# The types of the per-lane prefill tiles (ltile, ktile); Q4_0 and Q4_K..Q6_K take the row-lane kernels.
+ctypedef fused pblock:
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+    block_q2_K
+    block_q3_K
+
+# Its legacy half (ltile, ldec and the drivers mm_decode, mm_raw).
+ctypedef fused plblock:
+    block_q4_1
+    block_q5_0
+    block_q5_1
+    block_q8_0
+
+
 include "matmul512_legacy.pxi"
 include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
@@ -146,13 +163,12 @@ include "matmul512_klanes.pxi"
 # Drivers
 
 
-# One tile of any quantized type: row tile wt (repacked, or for a legacy type from_blocks the rows as
-# stored) x T tokens from X + t0.
-cdef inline void qtile(const qblock* tag, const tshape* shape, const lsource* src, const void* wt,
+# One per-lane tile: row tile wt (repacked, or for a legacy type from_blocks the rows as stored) x T tokens
+# from X + t0.
+cdef inline void qtile(const pblock* tag, const tshape* shape, const lsource* src, const void* wt,
                        const void* X, Py_ssize_t t0, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid,
                        bint expanded) noexcept nogil:
-    if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
-            or qblock is block_q6_K:
+    if pblock is block_q2_K or pblock is block_q3_K:
         if expanded:
             ktile(tag, shape, <const scx_expanded*>NULL, <const krec*>wt, <const block_q8k*>X + t0 * nb, nb, out,
                   ldo, nvalid)
@@ -164,12 +180,11 @@ cdef inline void qtile(const qblock* tag, const tshape* shape, const lsource* sr
 
 
 # Rows [r0, r0 + R) (those below `rows`; zeros for the others) into the records of row tile wt.
-cdef inline void repack_tile(const qblock* W, Py_ssize_t rows, Py_ssize_t r0, Py_ssize_t nb, void* wt,
+cdef inline void repack_tile(const pblock* W, Py_ssize_t rows, Py_ssize_t r0, Py_ssize_t nb, void* wt,
                              bint expand) noexcept nogil:
     cdef int r
     for r in range(R):
-        if qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K or qblock is block_q5_K \
-                or qblock is block_q6_K:
+        if pblock is block_q2_K or pblock is block_q3_K:
             if r0 + r < rows:
                 repack_k(W + (r0 + r) * nb, nb, <krec*>wt, r, expand)
             else:
@@ -183,7 +198,7 @@ cdef inline void repack_tile(const qblock* W, Py_ssize_t rows, Py_ssize_t r0, Py
 
 # Row tile wt (output rows from r0, nvalid of them) against tokens [t0, t1): tiles of 4 tokens, then one of
 # the 1-3 left.
-cdef inline void tile_tokens(const qblock* W, const lsource* src, const void* wt, const void* X, Py_ssize_t t0,
+cdef inline void tile_tokens(const pblock* W, const lsource* src, const void* wt, const void* X, Py_ssize_t t0,
                              Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0, int nvalid,
                              bint expanded) noexcept nogil:
     cdef Py_ssize_t t = t0
@@ -202,7 +217,7 @@ cdef inline void tile_tokens(const qblock* W, const lsource* src, const void* wt
 # token. With one chunk of tokens (n_tok <= TCH) each row tile is repacked right before its tiles run, so
 # that they find it in L1; with more, the whole work item is repacked first and the tokens go chunk by chunk
 # of TCH, each row tile in turn (the work item's rows stay in L2, a chunk's activations too).
-cdef void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
+cdef void q_group(const pblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
                   float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, char* buf, Py_ssize_t rec) noexcept nogil:
     cdef Py_ssize_t r0 = g * G
     cdef Py_ssize_t r1 = min(rows, r0 + G)
@@ -227,18 +242,17 @@ cdef void q_group(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X
 
 
 # buf: the repacked rows of one work item (G rows).
-cdef void mm_prefill(const qblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
+cdef void mm_prefill(const pblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
                      float* Y, Py_ssize_t ldy, Py_ssize_t G, char* buf) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
-    cdef Py_ssize_t rec = sizeof(krec) if qblock is block_q2_K or qblock is block_q3_K \
-        or qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K else sizeof(lrec)
+    cdef Py_ssize_t rec = sizeof(krec) if pblock is block_q2_K or pblock is block_q3_K else sizeof(lrec)
     for g in range(ngroups):
         q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, buf, rec)
 
 
 # Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at
 # the end (fewer than R) one at a time with the decode tile, token by token.
-cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+cdef inline void l_raw_group(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
                              Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
     cdef Py_ssize_t r = g * R
     cdef Py_ssize_t t
@@ -251,7 +265,7 @@ cdef inline void l_raw_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, co
             r += 1
 
 
-cdef void mm_raw(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+cdef void mm_raw(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                  float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
     for g in range(ngroups):
@@ -259,7 +273,7 @@ cdef void mm_raw(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8
 
 
 # Decode: rows [g*R, g*R + R) against one token.
-cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+cdef inline void l_decode_group(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
                                 float* Y, Py_ssize_t g) noexcept nogil:
     cdef Py_ssize_t r = g * R
     if r + R <= rows:
@@ -270,7 +284,7 @@ cdef inline void l_decode_group(const lblock* W, Py_ssize_t rows, Py_ssize_t nb,
             r += 1
 
 
-cdef void mm_decode(const lblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
+cdef void mm_decode(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
                     float* Y) noexcept nogil:
     cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
     for g in range(ngroups):
@@ -301,24 +315,25 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
         return 0
     if qblock is block_q4_0:
         return mm512_lanes(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
-    if qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
+    elif qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
         return mm512_klanes(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy)
-    if qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 or qblock is block_q8_0:
-        if n_tok == 1:
-            mm_decode(W, rows, nb, <const block_q8a*>X, Y)
-            return 1
-        if n_tok <= RAW_TOK:
-            mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
-            return 1
-    elif n_tok == 1:
-        return 0
-    rec = sizeof(krec) if kq else sizeof(lrec)
-    G = group_rows(nb * rec // R)
-    buf = <char*>lc_scratch(G // R * nb * rec)
-    if buf == NULL:
-        return 0  # out of memory: AVX2 needs none
-    mm_prefill(W, rows, nb, X, n_tok, Y, ldy, G, buf)
-    return 1
+    else:  # the per-lane types (pblock)
+        if qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 or qblock is block_q8_0:
+            if n_tok == 1:
+                mm_decode(W, rows, nb, <const block_q8a*>X, Y)
+                return 1
+            if n_tok <= RAW_TOK:
+                mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
+                return 1
+        elif n_tok == 1:
+            return 0
+        rec = sizeof(krec) if kq else sizeof(lrec)
+        G = group_rows(nb * rec // R)
+        buf = <char*>lc_scratch(G // R * nb * rec)
+        if buf == NULL:
+            return 0  # out of memory: AVX2 needs none
+        mm_prefill(W, rows, nb, X, n_tok, Y, ldy, G, buf)
+        return 1
 
 
 # =========================================================================================================

@@ -39,21 +39,20 @@ ctypedef struct klanerec:
     float dmin[LR]
 
 
+# lo and hi as the int16 pair (lo, hi) of one int32 lane, for dpwssd.
+cdef inline int32_t pair16(int32_t lo, int32_t hi) noexcept nogil:
+    return <int32_t>((<uint32_t>(<uint16_t>lo)) | ((<uint32_t>(<uint16_t>hi)) << 16))
+
+
 # pairs[4 * i + k]: token super-block i's sums of the quants of Q4_K sub-blocks 2k (low int16) and 2k + 1
 # (high), for the n super-blocks of X. A sub-block's sum is two of Q8_K's 16-value bsums (|sum| <= 32 * 128).
 cdef void ktoken_pairs(const block_q8k* X, Py_ssize_t n, int32_t* pairs) noexcept nogil:
     cdef Py_ssize_t i
     cdef int k
-    cdef int32_t lo, hi
     for i in range(n):
         for k in range(4):
-            lo = X[i].bsums[4 * k] + X[i].bsums[4 * k + 1]
-            hi = X[i].bsums[4 * k + 2] + X[i].bsums[4 * k + 3]
-            pairs[4 * i + k] = <int32_t>((<uint32_t>(<uint16_t>lo)) | ((<uint32_t>(<uint16_t>hi)) << 16))
-
-
-cdef inline int32_t pair16(int32_t lo, int32_t hi) noexcept nogil:
-    return <int32_t>((<uint32_t>(<uint16_t>lo)) | ((<uint32_t>(<uint16_t>hi)) << 16))
+            pairs[4 * i + k] = pair16(X[i].bsums[4 * k] + X[i].bsums[4 * k + 1],
+                                      X[i].bsums[4 * k + 2] + X[i].bsums[4 * k + 3])
 
 
 # Q6_K: the unsigned 6-bit values 32s..32s+31 (s = 4n + j) from the low bits a (ql[64n..]), c (ql[64n+32..])
@@ -369,7 +368,8 @@ cdef float klanes_dec1(const klblock* w, const block_q8k* y, Py_ssize_t nb) noex
             fm = fmaf(<float>hsum8_epi32(o), fp16(w[b].dmin) * y[b].d, fm)
     if klblock is block_q4_K or klblock is block_q5_K:
         return fa - fm
-    return fa
+    else:
+        return fa
 
 
 # ---- drivers
@@ -452,7 +452,9 @@ cdef int mm512_klanes(const klblock* W, Py_ssize_t rows, Py_ssize_t nb, const bl
     if n_tok > KLANE_RAW_TOK:
         tiles = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(klanerec)), GR // LR))
         G = tiles * LR
-        pairs_bytes = (4 * n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
+        pairs_bytes = 0  # Q6_K's dpwssd takes the token's bsums as they are
+        if klblock is block_q4_K or klblock is block_q5_K:
+            pairs_bytes = (4 * n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
         buf = <char*>lc_scratch(pairs_bytes + tiles * nb * sizeof(klanerec))
         if buf != NULL:
             if klblock is block_q4_K or klblock is block_q5_K:

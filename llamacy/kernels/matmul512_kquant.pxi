@@ -1,17 +1,13 @@
-# The AVX-512 VNNI prefill kernels of the K-quants in the per-lane order (ACT_Q8K activations): repacking and
-# tiles. mm512 sends Q2_K and Q3_K here; Q4_K, Q5_K and Q6_K go to the row-lane kernels of
-# matmul512_klanes.pxi (ktile's forms for them are still compiled, as the fused types make them, and tested
-# nowhere but by being unreachable). Included by matmul512.pyx (compiled with its AVX-512 flags), whose
-# types and constants it uses. The unpacked form is kunpack.pxd's, the dot mm_avx2.pyx's kdot:
+# The AVX-512 VNNI prefill kernels of Q2_K and Q3_K, in the per-lane order (ACT_Q8K activations): repacking
+# and tiles (Q4_K, Q5_K and Q6_K take the row-lane kernels of matmul512_klanes.pxi). Included by
+# matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses. The unpacked form is kunpack.pxd's, the dot mm_avx2.pyx's kdot:
 #   value_j = d * sc_g * u_j - doff * off_g,  dot = d_x * (d * sum_g sc_g sum u q - doff * sum_g off_g bsum_g)
 
 # One 256-value super-block of R rows, repacked: mm_avx2.pyx's kunpacked, for 4 rows.
 ctypedef struct krec:
     uint8_t u[4][256]
-    # per 32-value step j, what dpwssd multiplies step j's 16 int16 pair sums with:
-    #   Q4_K, Q5_K (one scale per 32 values): the int32 (sc_j << 16 | sc_j) at scx[r][2j], broadcast in ktile
-    #   Q2_K, Q3_K, Q6_K: the scale of group 2j in int16 lanes 0..7, of group 2j+1 in lanes 8..15
-    #     (expanded); or, with few tokens (n_tok <= COMPACT_TOK), just the 16 scales, expanded step by step
+    # per 32-value step j, what dpwssd multiplies step j's 16 int16 pair sums with: the scale of group 2j in
+    #   int16 lanes 0..7, of group 2j+1 in lanes 8..15 (expanded); or, with few tokens (n_tok <= COMPACT_TOK), just the 16 scales, expanded step by step
     #     in ktile (one vpermw per row and step): 8 stores fewer per row and super-block, which is what
     #     bounds the repacking, against 8 shuffles per row and super-block per tile.
     int16_t scx[4][128]
@@ -21,7 +17,7 @@ ctypedef struct krec:
 
 
 
-# How ktile finds the Q2_K/Q3_K/Q6_K scales (see krec): as types, so that each ktile is compiled for one.
+# How ktile finds the scales (see krec): as types, so that each ktile is compiled for one.
 ctypedef struct scx_expanded:
     char unused
 ctypedef struct scx_compact:
@@ -44,18 +40,17 @@ cdef inline void expand_scales(__m256i S, int16_t* scx) noexcept nogil:
 
 
 # One super-block into slot r of record k: kunpack.pxd's form, the scales as krec keeps them.
-cdef inline void unpack_kr(const kblock* b, krec* k, int r, bint expand) noexcept nogil:
+cdef inline void unpack_kr(const k23block* b, krec* k, int r, bint expand) noexcept nogil:
     cdef __m256i S, O
     unpack_k(b, k.u[r], &S, &O, &k.d[r], &k.doff[r])
     _mm256_storeu_si256(<__m256i*>k.off[r], O)
-    # Q4_K/Q5_K: S holds each sub-block's scale twice, i.e. the int32 pairs (sc << 16 | sc) ktile broadcasts
-    if kblock is block_q4_K or kblock is block_q5_K or not expand:
+    if not expand:
         _mm256_storeu_si256(<__m256i*>k.scx[r], S)
     else:
         expand_scales(S, k.scx[r])
 
 
-cdef void repack_k(const kblock* w, Py_ssize_t nb, krec* dst, int r, bint expand) noexcept nogil:
+cdef void repack_k(const k23block* w, Py_ssize_t nb, krec* dst, int r, bint expand) noexcept nogil:
     cdef Py_ssize_t b
     for b in range(nb):
         unpack_kr(w + b, dst + b, r, expand)
@@ -74,10 +69,10 @@ cdef void repack_k_empty(Py_ssize_t nb, krec* dst, int r) noexcept nogil:
 # One prefill tile of a K-quant: the R repacked rows w[0..nb) x T tokens from y (nb super-blocks apart).
 # Per super-block the int32 lanes of every (row, token) are summed in registers with maddubs + dpwssd
 # (= AVX2's maddubs, madd, add), then scaled into float accumulators exactly as mm_avx2.pyx's kdot.
-cdef void ktile(const kblock* tag, const tshape* shape, const scxform* form, const krec* w,
+cdef void ktile(const k23block* tag, const tshape* shape, const scxform* form, const krec* w,
                 const block_q8k* y, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
     cdef int T = ntoks(shape)
-    cdef bint same_d = kblock is block_q3_K or kblock is block_q6_K
+    cdef bint same_d = k23block is block_q3_K
     cdef __m256 acc[4][MAXT]
     cdef __m256i sumi[4][MAXT]
     cdef __m256i ux[4]
@@ -104,9 +99,7 @@ cdef void ktile(const kblock* tag, const tshape* shape, const scxform* form, con
             for t in range(T):
                 qy[t] = _mm256_loadu_si256(<const __m256i*>((y + t * nb + b).qs + 32 * j))
             for r in range(R):
-                if kblock is block_q4_K or kblock is block_q5_K:
-                    sc = _mm256_set1_epi32((<const int32_t*>k.scx[r])[j])
-                elif scxform is scx_expanded:
+                if scxform is scx_expanded:
                     sc = _mm256_loadu_si256(<const __m256i*>&k.scx[r][16 * j])
                 else:
                     sc = _mm256_permutexvar_epi16(idx, _mm256_loadu_si256(<const __m256i*>k.scx[r]))

@@ -1,8 +1,9 @@
-# The AVX-512 VNNI kernels of the legacy 32-value types (ACT_Q8A activations): repacking, prefill and decode
-# tiles. Included by matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses.
+# The AVX-512 VNNI kernels of the legacy 32-value types in the per-lane order (ACT_Q8A activations):
+# repacking, prefill and decode tiles (plblock: Q4_0 takes matmul512_lanes.pxi, which shares load_u and
+# token_seed). Included by matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses.
 
 # One 32-value block of R rows, repacked: the quants as dpbusd takes them, the fp32 scale and min.
-#   Q4_0, Q5_0, Q8_0 (an offset, or signed quants): q holds the signed values (q - 8, q - 16, q), and the
+#   Q5_0, Q8_0 (an offset, or signed quants): q holds the signed values (q - 16, q), and the
 #     activations are the unsigned operand, biased by 128 (x + 128, one xor per token block); seed holds
 #     -128 * (sum of each 4 quants), the accumulator's start, so that dpbusd(seed, x + 128, q) is exactly
 #     the lane sum of q * x. Nothing per token block but the xor, nothing per row block but two loads.
@@ -47,16 +48,14 @@ cdef inline bint signed_q(const lblock* tag) noexcept nogil:
 
 
 # Row `w` (nb blocks) into slot r of the records dst[0..nb).
-cdef void repack_l(const lblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
+cdef void repack_l(const plblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
     cdef __m256i q
     cdef __m256i zero = _mm256_setzero_si256()
     cdef Py_ssize_t b
     for b in range(nb):
-        if lblock is block_q8_0:
+        if plblock is block_q8_0:
             q = _mm256_loadu_si256(<const __m256i*>w[b].qs)
-        elif lblock is block_q4_0:
-            q = _mm256_sub_epi8(unpack_nibbles(w[b].qs), _mm256_set1_epi8(8))
-        elif lblock is block_q5_0:
+        elif plblock is block_q5_0:
             q = _mm256_sub_epi8(load_u(w + b), _mm256_set1_epi8(16))
         else:
             q = load_u(w + b)
@@ -65,7 +64,7 @@ cdef void repack_l(const lblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept no
             _mm256_storeu_si256(<__m256i*>dst[b].seed[r],
                                 _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), q)))
         dst[b].d[r] = fp16(w[b].d)
-        if lblock is block_q4_1 or lblock is block_q5_1:
+        if plblock is block_q4_1 or plblock is block_q5_1:
             dst[b].m[r] = fp16(w[b].m)
 
 
@@ -150,11 +149,11 @@ ctypedef fused lsource:
 # as a broadcast from memory. Those products are made first, for SCH blocks at a time (scale_products),
 # into the small buffer sc: broadcasting each from a register instead costs one or two shuffles per use,
 # and Zen 4's shuffle pipes are shared with the multipliers and the conversions.
-cdef void ltile(const lblock* tag, const tshape* shape, const lsource* src, const void* w,
+cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, const void* w,
                 const block_q8a* y, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef const lrec* rec = <const lrec*>w
-    cdef const lblock* blk = <const lblock*>w
+    cdef const plblock* blk = <const plblock*>w
     cdef __m256 acc[4][MAXT]
     cdef __m128 ms[MAXT]
     cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
@@ -170,9 +169,9 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lsource* src, cons
     cdef int r, t
     cdef Py_ssize_t b, b0, b1, k
     cdef const char* pf = <const char*>(blk + PF_TILES * R * nb)
-    cdef Py_ssize_t pfstep = R * sizeof(lblock)
+    cdef Py_ssize_t pfstep = R * sizeof(plblock)
     for t in range(T):
-        if lblock is block_q4_1 or lblock is block_q5_1:
+        if plblock is block_q4_1 or plblock is block_q5_1:
             ms[t] = _mm_setzero_ps()
         for r in range(R):
             acc[r][t] = _mm256_setzero_ps()
@@ -221,7 +220,7 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lsource* src, cons
                     acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]), _mm256_cvtepi32_ps(isum), acc[r][t])
         b0 = b1
     for t in range(T):
-        if lblock is block_q4_1 or lblock is block_q5_1:
+        if plblock is block_q4_1 or plblock is block_q5_1:
             min_terms(shape, ms, ms01, ms23, t, mo)
             for r in range(nvalid):
                 out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
@@ -234,7 +233,7 @@ cdef void ltile(const lblock* tag, const tshape* shape, const lsource* src, cons
 # [d, m] converted by F16C and multiplied by [d_x, s] (each lane the same single product as there), but for
 # all R rows of the tile at once: one 8-lane conversion and multiply per block instead of R 4-lane ones, and
 # the min terms of the R rows summed in one vector (lane 2r + 1 is row r's, added in block order).
-cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssize_t nb,
+cdef void ldec(const plblock* w, const rshape* shape, const block_q8a* y, Py_ssize_t nb,
                float* out) noexcept nogil:
     cdef int RR = nrows(shape)
     cdef __m256 acc[4]
@@ -243,15 +242,15 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
     cdef __m256i qy, seed
     cdef __m128 u, v
     cdef __m256 v8
-    cdef const lblock* wb
+    cdef const plblock* wb
     cdef const block_q8a* yb
     cdef int r
     cdef Py_ssize_t b, k
     cdef const char* pf = <const char*>(w + PF_TILES * RR * nb)
-    cdef Py_ssize_t pfstep = RR * sizeof(lblock)
+    cdef Py_ssize_t pfstep = RR * sizeof(plblock)
     for r in range(RR):
         acc[r] = _mm256_setzero_ps()
-        if lblock is block_q4_1 or lblock is block_q5_1:
+        if plblock is block_q4_1 or plblock is block_q5_1:
             ms[r] = _mm_setzero_ps()
     for b in range(nb):
         # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
@@ -266,7 +265,7 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
                 <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),
                 <int>load_u32(<const uint8_t*>(w + nb + b)), <int>load_u32(<const uint8_t*>(w + b)))),
                 _mm256_castsi256_ps(_mm256_set1_epi64x(load_u64(<const uint8_t*>yb))))
-            if lblock is block_q4_1 or lblock is block_q5_1:
+            if plblock is block_q4_1 or plblock is block_q5_1:
                 ms8 = _mm256_add_ps(ms8, v8)
             for r in range(4):
                 acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(v8, _mm256_set1_epi32(2 * r)),
@@ -279,13 +278,13 @@ cdef void ldec(const lblock* w, const rshape* shape, const block_q8a* y, Py_ssiz
                 v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)
                 acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(v),
                                          _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(wb), qy)), acc[r])
-                if lblock is block_q4_1 or lblock is block_q5_1:
+                if plblock is block_q4_1 or plblock is block_q5_1:
                     ms[r] = _mm_add_ps(ms[r], v)
     cdef float msum[8]
-    if rshape is row4 and (lblock is block_q4_1 or lblock is block_q5_1):
+    if rshape is row4 and (plblock is block_q4_1 or plblock is block_q5_1):
         _mm256_storeu_ps(msum, ms8)
     for r in range(RR):
-        if lblock is block_q4_1 or lblock is block_q5_1:
+        if plblock is block_q4_1 or plblock is block_q5_1:
             if rshape is row4:
                 out[r] = hsum8(acc[r]) + msum[2 * r + 1]
             else:

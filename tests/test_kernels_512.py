@@ -10,9 +10,9 @@ tests import) and against the AVX2 kernels themselves:
   where every other AVX2 tile rounds the product first; there the two may differ by float rounding
   (allowed: 1e-6 * B, the SIMD-vs-scalar tolerance of test_kernels.py). Against the AVX2 kernel run one token
   at a time (which rounds the product) the VNNI kernels are bit-identical everywhere.
-- Q4_0, Q4_K, Q5_K and Q6_K are the exceptions: their VNNI kernels follow the row-lane order of issue #29
-  (for Q4_0 and Q4_K the order of llama.cpp's repacked kernels). Q4_0: per row and block, sum =
-  fma(float(block's integer sum), d_w * d_x, sum). Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
+- Q4_0, Q8_0, Q4_K, Q5_K and Q6_K are the exceptions: their VNNI kernels follow the row-lane order of
+  issue #29 (for Q4_0 and Q4_K the order of llama.cpp's repacked kernels). Q4_0, Q8_0: per row and block,
+  sum = fma(float(block's integer sum), d_w * d_x, sum). Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
   m = fma(float(imin), dmin_w * d_x, m), Y = a - m, with isum the super-block's exact integer sum of scaled
   products and imin its exact sum of mins x sub-block sums of the token's quants. Q6_K: one chain,
   a = fma(float(isum), d_w * d_x, a), isum the exact sum of scale x (quant - 32) x activation quant. Against AVX2 (the
@@ -67,7 +67,7 @@ SHAPES = {
     "k": [(1, 256), (3, 512), (17, 768), (37, 1536)],
 }
 MIN_TYPES = (T.Q4_1, T.Q5_1)
-ROW_LANE_TYPES = (T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K)  # the VNNI kernels' own float order (see above)
+ROW_LANE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)  # the VNNI kernels' own float order (see above)
 
 needs_vnni = pytest.mark.skipif(not mm.vnni_available(), reason=f"AVX-512 VNNI kernels: {mm.AVX512_STATUS}")
 
@@ -172,14 +172,17 @@ def fma_chain(ints: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return out
 
 
-def q4_0_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
-    """Y[t, r] by Q4_0's row-lane order, from the raw blocks: exact integer block sums (numpy int64), the
-    scale d_w * d_x rounded to float32, then the fmaf chain over blocks."""
+def legacy_row_lane_chain(t: T, data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
+    """Y[t, r] by Q4_0's or Q8_0's row-lane order, from the raw blocks: exact integer block sums (numpy
+    int64), the scale d_w * d_x rounded to float32, then the fmaf chain over blocks."""
     nb = cols // 32
-    wb = data.reshape(rows, nb, 18)
+    wb = data.reshape(rows, nb, 18 if t == T.Q4_0 else 34)
     dw = wb[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    packed = wb[:, :, 2:].astype(np.int64)
-    q = np.concatenate([packed & 15, packed >> 4], axis=2) - 8  # values 0..15 then 16..31 of each block
+    if t == T.Q4_0:
+        packed = wb[:, :, 2:].astype(np.int64)
+        q = np.concatenate([packed & 15, packed >> 4], axis=2) - 8  # values 0..15 then 16..31 of each block
+    else:
+        q = wb[:, :, 2:].copy().view(np.int8).astype(np.int64)
     xb = np.frombuffer(xq.tobytes(), dtype=Q8A).reshape(n, nb)
     isum = np.einsum("rbj,tbj->trb", q, xb["qs"].astype(np.int64))
     scale = dw[None, :, :] * xb["d"].astype(np.float32)[:, None, :]  # float32 products, rounded
@@ -236,7 +239,8 @@ def q6_k_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, 
 
 
 ROW_LANE_CHAINS = {
-    T.Q4_0: q4_0_row_lane_chain,
+    T.Q4_0: lambda *a: legacy_row_lane_chain(T.Q4_0, *a),
+    T.Q8_0: lambda *a: legacy_row_lane_chain(T.Q8_0, *a),
     T.Q4_K: lambda *a: q45_k_row_lane_chain(T.Q4_K, *a),
     T.Q5_K: lambda *a: q45_k_row_lane_chain(T.Q5_K, *a),
     T.Q6_K: q6_k_row_lane_chain,
@@ -247,7 +251,7 @@ ROW_LANE_CHAINS = {
 @pytest.mark.parametrize("t", ROW_LANE_TYPES, ids=lambda t: t.name)
 def test_row_lane_order_is_exact_on_every_path(t):
     rng = np.random.default_rng(40 + int(t))
-    shapes = ((13, 96), (70, 1536)) if t == T.Q4_0 else ((13, 512), (70, 1536))
+    shapes = ((13, 512), (70, 1536)) if t in KQUANTS else ((13, 96), (70, 1536))
     for rows, cols in shapes:
         data = make_weights(t, rows, cols, rng)
         for n in (1, 2, 3, 4, 7, 9, 67, 131):
@@ -265,7 +269,8 @@ def test_row_lane_order_is_exact_on_every_path(t):
 
 @needs_vnni
 def test_vnni_q8_0_full_byte_range():
-    """-128 quants (a file may hold them): the signed-weights form must cope, bit-identical to AVX2."""
+    """-128 quants (a file may hold them): the unsigned form (q + 128) must cope; the row-lane chain exactly,
+    AVX2 within the SIMD-vs-scalar tolerance."""
     rng = np.random.default_rng(7)
     rows, cols = 9, 128
     raw = rng.integers(0, 256, size=(rows * cols // 32, 34), dtype=np.uint8)
@@ -277,9 +282,12 @@ def test_vnni_q8_0_full_byte_range():
         x = rng.standard_normal((n, cols)).astype(np.float32)
         x[:, :32] = np.where(x[:, :32] > 0, 10.0, -10.0)  # activation quants of +-127
         Xd = act_values(T.Q8_0, quant.quantize_act(int(T.Q8_0), x), n, cols)
+        B = bound_abs(Wd, Xd)
         Y = mm.matmul_py(data, int(T.Q8_0), x, impl="vnni")
-        assert worst(np.abs(Y - Xd @ Wd.T), 1e-5 * bound_abs(Wd, Xd)) <= 1
-        assert np.array_equal(Y, mm.matmul_py(data, int(T.Q8_0), x, impl="simd"))
+        assert worst(np.abs(Y - Xd @ Wd.T), 1e-5 * B) <= 1
+        assert_same_as_avx2(T.Q8_0, Y, mm.matmul_py(data, int(T.Q8_0), x, impl="simd"), B, n)
+        want = legacy_row_lane_chain(T.Q8_0, data, quant.quantize_act(int(T.Q8_0), x), rows, cols, n)
+        assert np.array_equal(Y.view(np.uint32), want.view(np.uint32)), n
 
 
 @needs_vnni

@@ -1,17 +1,18 @@
-# The AVX-512 VNNI kernels of Q4_0 in the row-lane float order: repacking, prefill, decode and few-token
-# tiles, and their drivers. Included by matmul512.pyx (compiled with its AVX-512 flags), whose types,
-# constants and legacy helpers (load_u, token_seed) it uses.
+# The AVX-512 VNNI kernels of Q4_0 and Q8_0 in the row-lane float order: repacking, prefill, decode and
+# few-token tiles, and their drivers. Included by matmul512.pyx (compiled with its AVX-512 flags), whose
+# types, constants and legacy helpers (load_u, token_seed) it uses.
 #
-# Float order (issue #29's new order, the one llama.cpp's repacked Q4_0 kernels use): per (row, token), block
-# by block, sum = fma(float(isum), d_w * d_x, sum) with isum the block's exact integer sum. A row's running
-# sum is one float lane, so the tiles put 8 rows side by side and advance them with one conversion and one
-# FMA per token and block, where the per-lane order (matmul512_legacy.pxi: 8 lanes per (row, token), summed
-# at the end) spends a conversion and an FMA per row. Which lanes hold which rows changes nothing in the
-# result: decode, few tokens, prefill and every thread count give the same bits. The other legacy types keep
-# the per-lane order, which is llama.cpp's order for them (its vec_dot; not checked bit for bit against it).
+# Float order (issue #29's new order; for Q4_0 the one llama.cpp's repacked Q4_0 kernels use, for Q8_0 not
+# llama.cpp's on x86, whose vec_dot and tinyBLAS keep per-lane sums): per (row, token), block by block,
+# sum = fma(float(isum), d_w * d_x, sum) with isum the block's exact integer sum. A row's running sum is one
+# float lane, so the tiles put 8 rows side by side and advance them with one conversion and one FMA per token
+# and block, where the per-lane order (matmul512_legacy.pxi: 8 lanes per (row, token), summed at the end)
+# spends a conversion and an FMA per row. Which lanes hold which rows changes nothing in the result: decode,
+# few tokens, prefill and every thread count give the same bits. Q4_1, Q5_0 and Q5_1 keep the per-lane
+# order (matmul512_legacy.pxi).
 #
-# Only Q4_0 comes here (its block layout is written into the decode tile); the prefill tile and repacking
-# would take Q5_0 or Q8_0 as they are, with their offsets (16, 128) in token_sums.
+# The quants enter dpbusd unsigned (load_u: q + 8 for Q4_0, q + 128 for Q8_0); the offset's share, offset x
+# the token block's sum of quants, is subtracted through the accumulator's start (token_sums, the seeds).
 
 
 # One 32-value block of LR rows, repacked for the prefill tile, which keeps one row per lane: q[g] is the 32
@@ -23,14 +24,15 @@ ctypedef struct lanerec:
     float d[LR]
 
 
-# sums[i] = -8 * (sum of token block i's 32 quants), for the n blocks of X (the prefill tile's seeds: Q4_0's
-# unsigned quants are q + 8).
-cdef void token_sums(const block_q8a* X, Py_ssize_t n, int32_t* sums) noexcept nogil:
+# sums[i] = -c * (sum of token block i's 32 quants), for the n blocks of X (the prefill tile's seeds: the
+# unsigned quants of load_u are q + c, c = 8 for Q4_0 and 128 for Q8_0).
+cdef void token_sums(const laneblock* tag, const block_q8a* X, Py_ssize_t n, int32_t* sums) noexcept nogil:
     cdef __m256i zero = _mm256_setzero_si256()
     cdef __m256i ones = _mm256_set1_epi8(1)
+    cdef int32_t c = 8 if laneblock is block_q4_0 else 128
     cdef Py_ssize_t i
     for i in range(n):
-        sums[i] = -8 * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>X[i].qs)))
+        sums[i] = -c * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>X[i].qs)))
 
 
 # The exact int32 sums of the 8 lanes of each of a, b, c, d, as [sum a, sum b, sum c, sum d].
@@ -71,7 +73,7 @@ cdef inline __m256i rows8_sums(const __m256i* h) noexcept nogil:
 
 # Rows w[0..nrows) (nb blocks each, nrows <= LR) into the records dst[0..nb); the other slots get zeros,
 # computed on and never stored.
-cdef void repack_lanes(const block_q4_0* w, int nrows, Py_ssize_t nb, lanerec* dst) noexcept nogil:
+cdef void repack_lanes(const laneblock* w, int nrows, Py_ssize_t nb, lanerec* dst) noexcept nogil:
     cdef __m256i v[8]
     cdef __m256i zero = _mm256_setzero_si256()
     cdef int r
@@ -126,25 +128,43 @@ cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y
             out[t * ldo + r] = res[r]
 
 
-# Decode and a few tokens (n_tok <= LANE_RAW_TOK) for Q4_0, from the blocks as stored: 8 rows x T tokens.
-# Two rows share a register, row a's 16 quant bytes in the low half and row b's in the high half: the low
-# nibbles are both rows' values 0..15, the high nibbles their values 16..31, each dotted (dpbusd) with the
-# token's matching 16 quants in both halves. A pair's lane sums are then 4 per row instead of 8, and three
-# hadds turn the 4 pairs into one lane per row, ordered [r0 r2 r4 r6 | r1 r3 r5 r7] (the scales are loaded
-# in that order, the results stored back by it). The -8 offset starts every lane (seed): after the hadds
-# each row carries -8 * (the block's sum of quants). Per 8 rows and block that is 8 dpbusd, 3 hadds, 1
-# conversion and 1 FMA, where one row per register would need a 9-step reduction (measured slower at 2
-# threads).
-cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
+# Two rows' quants of block b for lanes_dec, unsigned (q + 8 for Q4_0, q + 128 for Q8_0): lo holds row a's
+# values 0..15 in its low half and row b's in its high half, hi their values 16..31.
+cdef inline void pair_quants(const laneblock* a, const laneblock* b, __m256i* lo, __m256i* hi) noexcept nogil:
+    cdef __m256i X
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i c128 = _mm256_set1_epi8(-128)
+    if laneblock is block_q4_0:  # low nibbles are values 0..15, high nibbles 16..31
+        X = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>a.qs)),
+                                    _mm_loadu_si128(<const __m128i*>b.qs), 1)
+        lo[0] = _mm256_and_si256(X, m4)
+        hi[0] = _mm256_and_si256(_mm256_srli_epi16(X, 4), m4)
+    else:
+        lo[0] = _mm256_xor_si256(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>a.qs)),
+            _mm_loadu_si128(<const __m128i*>b.qs), 1), c128)
+        hi[0] = _mm256_xor_si256(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>(a.qs + 16))),
+            _mm_loadu_si128(<const __m128i*>(b.qs + 16)), 1), c128)
+
+
+# Decode and a few tokens (n_tok <= LANE_RAW_TOK), from the blocks as stored: 8 rows x T tokens. Two rows
+# share a register (pair_quants), row a's values in the low half and row b's in the high half, each half
+# dotted (dpbusd) with the token's matching 16 quants broadcast to both halves. A pair's lane sums are then 4
+# per row instead of 8, and three hadds turn the 4 pairs into one lane per row, ordered [r0 r2 r4 r6 | r1 r3
+# r5 r7] (the scales are loaded in that order, the results stored back by it). The offset (8 or 128) starts
+# every lane (seed): after the hadds each row carries -offset * (the block's sum of quants). Per 8 rows and
+# block that is 8 dpbusd, 3 hadds, 1 conversion and 1 FMA, where one row per register would need a 9-step
+# reduction (measured slower for both types: Q4_0 at 2 threads, Q8_0 at 1-3 tokens and at 2 threads).
+cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
                     Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m256 acc[MAXT]
     cdef __m256i lo[4]
     cdef __m256i hi[4]
     cdef __m256i a[4]
-    cdef __m256i X, xlo, xhi, seed
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i eight = _mm256_set1_epi8(8)
+    cdef __m256i xlo, xhi, seed
+    cdef __m256i offset = _mm256_set1_epi8(8 if laneblock is block_q4_0 else -128)
     cdef __m256i zero = _mm256_setzero_si256()
     cdef __m256 dw
     cdef uint16_t dh[LR]
@@ -153,18 +173,14 @@ cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y
     cdef int p, t
     cdef Py_ssize_t b, k
     cdef const char* pf = <const char*>(w + LANE_PF_TILES * LR * nb)
-    cdef Py_ssize_t pfstep = LR * sizeof(block_q4_0)
+    cdef Py_ssize_t pfstep = LR * sizeof(laneblock)
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
     for b in range(nb):
         for k in range(0, pfstep, 64):
             lc_prefetch(pf + b * pfstep + k)
         for p in range(4):
-            X = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>w[2 * p * nb + b].qs)),
-                _mm_loadu_si128(<const __m128i*>w[(2 * p + 1) * nb + b].qs), 1)
-            lo[p] = _mm256_and_si256(X, m4)
-            hi[p] = _mm256_and_si256(_mm256_srli_epi16(X, 4), m4)
+            pair_quants(w + 2 * p * nb + b, w + (2 * p + 1) * nb + b, &lo[p], &hi[p])
             dh[p] = w[2 * p * nb + b].d
             dh[4 + p] = w[(2 * p + 1) * nb + b].d
         # through memory (lc_spill): 8 narrow stores and one load, not inserts on the shuffle pipes
@@ -174,7 +190,7 @@ cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y
             yb = y + t * nb + b
             xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>yb.qs))
             xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>(yb.qs + 16)))
-            seed = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, eight, xlo), eight, xhi))
+            seed = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, offset, xlo), offset, xhi))
             for p in range(4):
                 a[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(seed, lo[p], xlo), hi[p], xhi)
             acc[t] = _mm256_fmadd_ps(
@@ -189,7 +205,7 @@ cdef void lanes_dec(const block_q4_0* w, const tshape* shape, const block_q8a* y
 
 # The tile for 4 of the rows a matrix has left after its 8-row tiles, one row per register: the R rows'
 # lane sums become one lane each by sum4_epi32 and advance with one SSE conversion, multiply and FMA.
-cdef void lanes_raw4(const block_q4_0* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
+cdef void lanes_raw4(const laneblock* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
                      Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m128 acc[MAXT]
@@ -222,7 +238,7 @@ cdef void lanes_raw4(const block_q4_0* w, const tshape* shape, const block_q8a* 
 
 
 # One row x one token in scalar float (the last 1-3 rows of a matrix).
-cdef float lanes_dec1(const block_q4_0* w, const block_q8a* y, Py_ssize_t nb) noexcept nogil:
+cdef float lanes_dec1(const laneblock* w, const block_q8a* y, Py_ssize_t nb) noexcept nogil:
     cdef float acc = 0.0
     cdef __m256i qy
     cdef Py_ssize_t b
@@ -237,7 +253,7 @@ cdef float lanes_dec1(const block_q4_0* w, const block_q8a* y, Py_ssize_t nb) no
 
 
 # Row tile rec against tokens [t0, t1): tiles of 4 tokens, then one of the 1-3 left.
-cdef inline void lanes_tokens(const block_q4_0* W, const lanerec* rec, const block_q8a* X, const int32_t* sums,
+cdef inline void lanes_tokens(const laneblock* W, const lanerec* rec, const block_q8a* X, const int32_t* sums,
                               Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy,
                               Py_ssize_t r0, int nvalid) noexcept nogil:
     cdef Py_ssize_t t = t0
@@ -255,7 +271,7 @@ cdef inline void lanes_tokens(const block_q4_0* W, const lanerec* rec, const blo
 # Prefill work item g: rows [g*G, g*G + G), repacked LR at a time into buf (nb records per LR rows), against
 # every token (sums: their seeds), TCH tokens at a time. Each row tile is repacked right before its first
 # chunk of tokens (so that with one chunk it is still in L1) and kept for the later chunks (in L2).
-cdef void lanes_group(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+cdef void lanes_group(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                       const int32_t* sums, float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g,
                       lanerec* buf) noexcept nogil:
     cdef Py_ssize_t r0 = g * G
@@ -276,7 +292,7 @@ cdef void lanes_group(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const
 
 # Tokens [0, n_tok) of the rows from w as stored, 8 (eight) or 4 of them: tiles of 4 tokens, then one of
 # the 1-3 left.
-cdef inline void lanes_raw_tokens(const block_q4_0* w, bint eight, const block_q8a* X, Py_ssize_t n_tok,
+cdef inline void lanes_raw_tokens(const laneblock* w, bint eight, const block_q8a* X, Py_ssize_t n_tok,
                                   Py_ssize_t nb, float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t t = 0
     while t + 4 <= n_tok:
@@ -304,7 +320,7 @@ cdef inline void lanes_raw_tokens(const block_q4_0* w, bint eight, const block_q
 
 # Decode and few tokens, no repacking: rows LR at a time; the rows left over at the end (fewer than LR) 4 at
 # a time, then one by one, token by token.
-cdef void lanes_raw(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+cdef void lanes_raw(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                     float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t r = 0
     cdef Py_ssize_t t
@@ -323,7 +339,7 @@ cdef void lanes_raw(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const b
 # The product in the row-lane order: decode and few tokens from the weights as stored, more tokens
 # repacked. Always 1: with no memory for the repacked rows it takes the few-token tiles, whose numbers are
 # the same.
-cdef int mm512_lanes(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
+cdef int mm512_lanes(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                      float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t G, g, tiles, sums_bytes
     cdef char* buf
@@ -333,7 +349,7 @@ cdef int mm512_lanes(const block_q4_0* W, Py_ssize_t rows, Py_ssize_t nb, const 
         sums_bytes = (n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
         buf = <char*>lc_scratch(sums_bytes + tiles * nb * sizeof(lanerec))
         if buf != NULL:
-            token_sums(X, n_tok * nb, <int32_t*>buf)
+            token_sums(W, X, n_tok * nb, <int32_t*>buf)
             for g in range((rows + G - 1) // G):
                 lanes_group(W, rows, nb, X, n_tok, <const int32_t*>buf, Y, ldy, G, g,
                             <lanerec*>(buf + sums_bytes))

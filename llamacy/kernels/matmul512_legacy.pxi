@@ -1,12 +1,12 @@
 # The AVX-512 VNNI kernels of the legacy 32-value types in the per-lane order (ACT_Q8A activations):
-# repacking, prefill and decode tiles (plblock: Q4_0 takes matmul512_lanes.pxi, which shares load_u and
-# token_seed). Included by matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses.
+# repacking, prefill and decode tiles (plblock: Q4_0 and Q8_0 take matmul512_lanes.pxi, which shares load_u
+# and token_seed). Included by matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses.
 
 # One 32-value block of R rows, repacked: the quants as dpbusd takes them, the fp32 scale and min.
-#   Q5_0, Q8_0 (an offset, or signed quants): q holds the signed values (q - 16, q), and the
-#     activations are the unsigned operand, biased by 128 (x + 128, one xor per token block); seed holds
-#     -128 * (sum of each 4 quants), the accumulator's start, so that dpbusd(seed, x + 128, q) is exactly
-#     the lane sum of q * x. Nothing per token block but the xor, nothing per row block but two loads.
+#   Q5_0 (an offset): q holds the signed values q - 16, and the activations are the unsigned operand,
+#     biased by 128 (x + 128, one xor per token block); seed holds -128 * (sum of each 4 quants), the
+#     accumulator's start, so that dpbusd(seed, x + 128, q) is exactly the lane sum of q * x. Nothing per
+#     token block but the xor, nothing per row block but two loads.
 #   Q4_1, Q5_1 (unsigned quants, the min term apart): q holds the unsigned q, dpbusd(0, q, x); no seed.
 ctypedef struct lrec:
     int8_t q[4][32]
@@ -43,8 +43,8 @@ cdef inline __m256i token_seed(const lblock* tag, __m256i qy) noexcept nogil:
 
 
 # True for the types whose repacked quants are signed (see lrec).
-cdef inline bint signed_q(const lblock* tag) noexcept nogil:
-    return lblock is block_q4_0 or lblock is block_q5_0 or lblock is block_q8_0
+cdef inline bint signed_q(const plblock* tag) noexcept nogil:
+    return plblock is block_q5_0
 
 
 # Row `w` (nb blocks) into slot r of the records dst[0..nb).
@@ -53,9 +53,7 @@ cdef void repack_l(const plblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept n
     cdef __m256i zero = _mm256_setzero_si256()
     cdef Py_ssize_t b
     for b in range(nb):
-        if plblock is block_q8_0:
-            q = _mm256_loadu_si256(<const __m256i*>w[b].qs)
-        elif plblock is block_q5_0:
+        if plblock is block_q5_0:
             q = _mm256_sub_epi8(load_u(w + b), _mm256_set1_epi8(16))
         else:
             q = load_u(w + b)

@@ -10,9 +10,9 @@ tests import) and against the AVX2 kernels themselves:
   where every other AVX2 tile rounds the product first; there the two may differ by float rounding
   (allowed: 1e-6 * B, the SIMD-vs-scalar tolerance of test_kernels.py). Against the AVX2 kernel run one token
   at a time (which rounds the product) the VNNI kernels are bit-identical everywhere.
-- Q4_0, Q8_0, Q4_K, Q5_K and Q6_K are the exceptions: their VNNI kernels follow the row-lane order of
-  issue #29 (for Q4_0 and Q4_K the order of llama.cpp's repacked kernels). Q4_0, Q8_0: per row and block,
-  sum = fma(float(block's integer sum), d_w * d_x, sum). Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
+- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K are the exceptions: their VNNI kernels follow the row-lane order
+  of issue #29 (for Q4_0 and Q4_K the order of llama.cpp's repacked kernels). Q4_0, Q5_0, Q8_0: per row and
+  block, sum = fma(float(block's integer sum), d_w * d_x, sum). Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
   m = fma(float(imin), dmin_w * d_x, m), Y = a - m, with isum the super-block's exact integer sum of scaled
   products and imin its exact sum of mins x sub-block sums of the token's quants. Q6_K: one chain,
   a = fma(float(isum), d_w * d_x, a), isum the exact sum of scale x (quant - 32) x activation quant. Against AVX2 (the
@@ -67,7 +67,8 @@ SHAPES = {
     "k": [(1, 256), (3, 512), (17, 768), (37, 1536)],
 }
 MIN_TYPES = (T.Q4_1, T.Q5_1)
-ROW_LANE_TYPES = (T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)  # the VNNI kernels' own float order (see above)
+# the VNNI kernels' own float order (see above)
+ROW_LANE_TYPES = (T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
 
 needs_vnni = pytest.mark.skipif(not mm.vnni_available(), reason=f"AVX-512 VNNI kernels: {mm.AVX512_STATUS}")
 
@@ -173,14 +174,20 @@ def fma_chain(ints: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def legacy_row_lane_chain(t: T, data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
-    """Y[t, r] by Q4_0's or Q8_0's row-lane order, from the raw blocks: exact integer block sums (numpy
-    int64), the scale d_w * d_x rounded to float32, then the fmaf chain over blocks."""
+    """Y[t, r] by Q4_0's, Q5_0's or Q8_0's row-lane order, from the raw blocks (ggml's layouts, decoded here
+    with numpy): exact integer block sums (numpy int64), the scale d_w * d_x rounded to float32, then the
+    fmaf chain over blocks."""
     nb = cols // 32
-    wb = data.reshape(rows, nb, 18 if t == T.Q4_0 else 34)
+    wb = data.reshape(rows, nb, {T.Q4_0: 18, T.Q5_0: 22, T.Q8_0: 34}[t])
     dw = wb[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
     if t == T.Q4_0:
         packed = wb[:, :, 2:].astype(np.int64)
         q = np.concatenate([packed & 15, packed >> 4], axis=2) - 8  # values 0..15 then 16..31 of each block
+    elif t == T.Q5_0:  # bit j of the 32-bit qh: value j's fifth bit
+        qh = wb[:, :, 2:6].copy().view("<u4").astype(np.int64)
+        packed = wb[:, :, 6:].astype(np.int64)
+        q = np.concatenate([packed & 15, packed >> 4], axis=2) | (((qh >> np.arange(32)) & 1) << 4)
+        q = q - 16
     else:
         q = wb[:, :, 2:].copy().view(np.int8).astype(np.int64)
     xb = np.frombuffer(xq.tobytes(), dtype=Q8A).reshape(n, nb)
@@ -240,6 +247,7 @@ def q6_k_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, 
 
 ROW_LANE_CHAINS = {
     T.Q4_0: lambda *a: legacy_row_lane_chain(T.Q4_0, *a),
+    T.Q5_0: lambda *a: legacy_row_lane_chain(T.Q5_0, *a),
     T.Q8_0: lambda *a: legacy_row_lane_chain(T.Q8_0, *a),
     T.Q4_K: lambda *a: q45_k_row_lane_chain(T.Q4_K, *a),
     T.Q5_K: lambda *a: q45_k_row_lane_chain(T.Q5_K, *a),

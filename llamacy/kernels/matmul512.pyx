@@ -1,5 +1,5 @@
 # AVX-512 VNNI matrix products: Y[t, r] = dot(W row r, activation row t), the same numbers as mm_avx2.pyx's
-# AVX2 kernels, bit for bit (Q4_0, Q8_0, Q4_K, Q5_K and Q6_K apart: see "Float order"), in less time where the
+# AVX2 kernels, bit for bit (but for the row-lane types: see "Float order"), in less time where the
 # work is compute-bound (several tokens).
 #
 # This module alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni (setup.py), and
@@ -20,13 +20,14 @@
 #   - The 256-bit EVEX forms address 32 ymm registers: a tile is 4 rows x 4 tokens (16 accumulators).
 #   - The scale products d_w * d_x are made 4 rows x 2 tokens per 256-bit multiply (scale_products), stored,
 #     and each FMA takes its one as a broadcast from memory: a load, not a shuffle.
-#   - Few tokens (n_tok <= RAW_TOK, legacy types): the same tiles straight from the weights as stored
+#   - Few tokens (n_tok <= RAW_TOK, Q4_1 and Q5_1): the same tiles straight from the weights as stored
 #     (ltile from_blocks): with so few tokens, unpacking a block where it is used beats storing and
 #     reloading it.
-#   - Decode (n_tok == 1, legacy types): mm_avx2.pyx's decode tile with dpbusd (ldec).
-#   - Q4_0 and Q8_0 (matmul512_lanes.pxi) keep one row per float lane: 8 rows repacked so that each dpbusd
-#     takes 4 values of 8 rows against 4 quants of a token broadcast from memory; one conversion and one FMA
-#     per 8 rows and block instead of one per row. Their prefill runs ~1.7-1.9x the per-lane tiles' rate.
+#   - Decode (n_tok == 1, Q4_1 and Q5_1): mm_avx2.pyx's decode tile with dpbusd (ldec).
+#   - Q4_0, Q5_0 and Q8_0 (matmul512_lanes.pxi) keep one row per float lane: 8 rows repacked so that each
+#     dpbusd takes 4 values of 8 rows against 4 quants of a token broadcast from memory; one conversion and
+#     one FMA per 8 rows and block instead of one per row. Their prefill runs ~1.7-1.9x the per-lane tiles'
+#     rate.
 #   - Q4_K, Q5_K and Q6_K (matmul512_klanes.pxi) the same way: 8 rows repacked per super-block, one dpbusd
 #     per 4 values of 8 rows, one vpmulld per sub-block for the 8 rows' scales; prefill ~1.6-1.9x the
 #     per-lane tiles (ktile). Decode reads the blocks as stored and folds 8 rows' lanes into one vector.
@@ -34,15 +35,15 @@
 # Zen 4 (double-pumped) and would change the order of the float sums.
 #
 # Float order (tested in tests/test_kernels_512.py). Per (row, token):
-#   Q4_1, Q5_0, Q5_1: acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order;
-#            Y = hsum8(acc), + sum_b (m_w * s_x) in order for Q4_1/Q5_1 (products rounded, then added: no
+#   Q4_1, Q5_1: acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order;
+#            Y = hsum8(acc) + sum_b (m_w * s_x) in order (products rounded, then added: no
 #            contraction, see setup.py's -ffp-contract=off). AVX2's formula, bit for bit; also llama.cpp's
 #            vec_dot order for these types.
-#   Q4_0, Q8_0: Y = fma(float(isum_b), d_w*d_x, Y) over blocks b in order, isum_b the block's exact
-#            integer sum (issue #29's new order; llama.cpp's repacked Q4_0 kernels compute this; for Q8_0 it
-#            keeps per-lane sums on x86). Every path here (decode, few tokens, prefill, any thread count)
-#            gives the same bits; AVX2 keeps the per-lane order, within the oracle's tolerance of this one
-#            (issue #29 allows the two ISAs to differ).
+#   Q4_0, Q5_0, Q8_0: Y = fma(float(isum_b), d_w*d_x, Y) over blocks b in order, isum_b the block's exact
+#            integer sum (issue #29's new order; llama.cpp's repacked Q4_0 kernels compute this; for Q5_0
+#            and Q8_0 it keeps per-lane sums on x86). Every path here (decode, few tokens, prefill, any
+#            thread count) gives the same bits; AVX2 keeps the per-lane order, within the oracle's tolerance
+#            of this one (issue #29 allows the two ISAs to differ).
 #   Q4_K, Q5_K: a = fma(float(isum_b), d_w*d_x, a), m = fma(float(imin_b), dmin_w*d_x, m) over
 #            super-blocks, Y = a - m (isum_b, imin_b exact integers): llama.cpp's repacked Q4_K order (the
 #            Q4_K kernels equal its ggml_gemv_q4_K_8x8_q8_K bit for bit on the same inputs).
@@ -55,9 +56,9 @@
 #
 # What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, and the
 # legacy types and Q4_K/Q5_K/Q6_K with n_tok == 1. Q2_K/Q3_K decode and the float types stay on the AVX2
-# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated (but for Q4_0, Q8_0 and
-# the row-lane K-quants, which then take their few-token tiles: the same numbers, so no path of them ever leaves
-# this module).
+# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated (but for the row-lane
+# types, which then take their few-token tiles: the same numbers, so no path of them ever leaves this
+# module).
 from libc.math cimport fmaf
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memset
@@ -81,9 +82,9 @@ cdef enum:
     PF_TILES = 2    # decode: prefetch distance, in tiles
     SCH = 16        # prefill: blocks per batch of scale products (ltile)
     RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile from_blocks)
-    LR = 8          # Q4_0, Q8_0 (row lanes): rows per tile, one per float lane (lanerec)
-    LANE_PF_TILES = 1  # Q4_0, Q8_0 decode: prefetch distance, in 8-row tiles
-    LANE_RAW_TOK = 3  # Q4_0, Q8_0 (row lanes): up to this many tokens, no repacking (lanes_dec); measured on
+    LR = 8          # Q4_0, Q5_0, Q8_0 (row lanes): rows per tile, one per float lane (lanerec)
+    LANE_PF_TILES = 1  # their decode: prefetch distance, in 8-row tiles
+    LANE_RAW_TOK = 3  # their few-token limit: up to this many tokens, no repacking (lanes_dec); measured on
                       # Zen 4, where repacking wins from 4 tokens at 1 and 2 threads
     KLANE_RAW_TOK = 3  # Q4_K, Q5_K, Q6_K (row lanes): up to this many tokens, no repacking (klanes_dec)
     KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
@@ -137,23 +138,23 @@ cdef inline int nrows(const rshape* s) noexcept nogil:
         return R
 
 
-# The types of the per-lane prefill tiles (ltile, ktile); Q4_0, Q8_0 and Q4_K..Q6_K take the row-lane kernels.
+# The types of the per-lane prefill tiles (ltile, ktile); Q4_0, Q5_0, Q8_0 and Q4_K..Q6_K take the row-lane
+# kernels.
 ctypedef fused pblock:
     block_q4_1
-    block_q5_0
     block_q5_1
     block_q2_K
     block_q3_K
 
-# Its legacy half (ltile, ldec and the drivers mm_decode, mm_raw).
+# Its legacy half (ltile, ldec and the drivers mm_decode, mm_raw): the types with a min.
 ctypedef fused plblock:
     block_q4_1
-    block_q5_0
     block_q5_1
 
 # The legacy types in the row-lane order (matmul512_lanes.pxi).
 ctypedef fused laneblock:
     block_q4_0
+    block_q5_0
     block_q8_0
 
 
@@ -317,12 +318,12 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
     cdef char* buf
     if rows <= 0 or n_tok <= 0 or nb <= 0:
         return 0
-    if qblock is block_q4_0 or qblock is block_q8_0:
+    if qblock is block_q4_0 or qblock is block_q5_0 or qblock is block_q8_0:
         return mm512_lanes(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
     elif qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
         return mm512_klanes(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy)
     else:  # the per-lane types (pblock)
-        if qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1:
+        if qblock is block_q4_1 or qblock is block_q5_1:
             if n_tok == 1:
                 mm_decode(W, rows, nb, <const block_q8a*>X, Y)
                 return 1

@@ -1,35 +1,53 @@
-# The AVX-512 VNNI kernels of Q4_0 and Q8_0 in the row-lane float order: repacking, prefill, decode and
-# few-token tiles, and their drivers. Included by matmul512.pyx (compiled with its AVX-512 flags), whose
-# types, constants and legacy helpers (load_u, token_seed) it uses.
+# The AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 in the row-lane float order: repacking, prefill, decode
+# and few-token tiles, and their drivers. Included by matmul512.pyx (compiled with its AVX-512 flags), whose
+# types, constants and legacy helper load_u it uses.
 #
-# Float order (issue #29's new order; for Q4_0 the one llama.cpp's repacked Q4_0 kernels use, for Q8_0 not
-# llama.cpp's on x86, whose vec_dot and tinyBLAS keep per-lane sums): per (row, token), block by block,
+# Float order (issue #29's new order; for Q4_0 the one llama.cpp's repacked Q4_0 kernels use, for Q5_0 and
+# Q8_0 not llama.cpp's on x86, whose vec_dot and tinyBLAS keep per-lane sums): per (row, token), block by block,
 # sum = fma(float(isum), d_w * d_x, sum) with isum the block's exact integer sum. A row's running sum is one
 # float lane, so the tiles put 8 rows side by side and advance them with one conversion and one FMA per token
 # and block, where the per-lane order (matmul512_legacy.pxi: 8 lanes per (row, token), summed at the end)
 # spends a conversion and an FMA per row. Which lanes hold which rows changes nothing in the result: decode,
-# few tokens, prefill and every thread count give the same bits. Q4_1, Q5_0 and Q5_1 keep the per-lane
-# order (matmul512_legacy.pxi).
+# few tokens, prefill and every thread count give the same bits. Q4_1 and Q5_1 keep the per-lane order
+# (matmul512_legacy.pxi): their min term would need a second chain, and SmolLM2's Q4_1 stays as llama.cpp
+# computes it.
 #
-# The quants enter dpbusd unsigned (load_u: q + 8 for Q4_0, q + 128 for Q8_0); the offset's share, offset x
-# the token block's sum of quants, is subtracted through the accumulator's start (token_sums, the seeds).
+# The quants enter dpbusd unsigned (load_u: q + 8 for Q4_0, q + 16 for Q5_0, q + 128 for Q8_0); the offset's
+# share, offset x the token block's sum of quants, is subtracted through the accumulator's start (the seeds).
 
 
 # One 32-value block of LR rows, repacked for the prefill tile, which keeps one row per lane: q[g] is the 32
 # bytes that dpbusd takes for values 4g..4g+3 of the LR rows, row r in bytes 4r..4r+3, unsigned (load_u:
-# q + 8); the offset's share, 8 times the token block's sum of quants, is the accumulator's start
+# q + c); the offset's share, c times the token block's sum of quants, is the accumulator's start
 # (token_sums). d: the rows' fp32 scales.
 ctypedef struct lanerec:
     uint8_t q[8][32]
     float d[LR]
 
 
+# The offset of a type's unsigned quants (load_u): q + 8 (Q4_0), q + 16 (Q5_0), q + 128 (Q8_0).
+cdef inline int lane_offset(const laneblock* tag) noexcept nogil:
+    if laneblock is block_q4_0:
+        return 8
+    elif laneblock is block_q5_0:
+        return 16
+    else:
+        return 128
+
+
+# The accumulator seed for one token block qy: minus the offset's share c * (sum of 4 quants) per lane, so
+# that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy (as AVX2's token_offset).
+cdef inline __m256i token_seed(const laneblock* tag, __m256i qy) noexcept nogil:
+    cdef __m256i zero = _mm256_setzero_si256()
+    return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(<char>lane_offset(tag)), qy))
+
+
 # sums[i] = -c * (sum of token block i's 32 quants), for the n blocks of X (the prefill tile's seeds: the
-# unsigned quants of load_u are q + c, c = 8 for Q4_0 and 128 for Q8_0).
+# unsigned quants of load_u are q + c: lane_offset).
 cdef void token_sums(const laneblock* tag, const block_q8a* X, Py_ssize_t n, int32_t* sums) noexcept nogil:
     cdef __m256i zero = _mm256_setzero_si256()
     cdef __m256i ones = _mm256_set1_epi8(1)
-    cdef int32_t c = 8 if laneblock is block_q4_0 else 128
+    cdef int32_t c = lane_offset(tag)
     cdef Py_ssize_t i
     for i in range(n):
         sums[i] = -c * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>X[i].qs)))
@@ -128,17 +146,23 @@ cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y
             out[t * ldo + r] = res[r]
 
 
-# Two rows' quants of block b for lanes_dec, unsigned (q + 8 for Q4_0, q + 128 for Q8_0): lo holds row a's
-# values 0..15 in its low half and row b's in its high half, hi their values 16..31.
+# Two rows' quants of block b for lanes_dec, unsigned (load_u): lo holds row a's values 0..15 in its low
+# half and row b's in its high half, hi their values 16..31.
 cdef inline void pair_quants(const laneblock* a, const laneblock* b, __m256i* lo, __m256i* hi) noexcept nogil:
     cdef __m256i X
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
     cdef __m256i c128 = _mm256_set1_epi8(-128)
+    cdef __m256i ua, ub
     if laneblock is block_q4_0:  # low nibbles are values 0..15, high nibbles 16..31
         X = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>a.qs)),
                                     _mm_loadu_si128(<const __m128i*>b.qs), 1)
         lo[0] = _mm256_and_si256(X, m4)
         hi[0] = _mm256_and_si256(_mm256_srli_epi16(X, 4), m4)
+    elif laneblock is block_q5_0:  # the fifth bits come per row: whole rows, then their halves swapped
+        ua = load_u(a)
+        ub = load_u(b)
+        lo[0] = _mm256_permute2x128_si256(ua, ub, 0x20)
+        hi[0] = _mm256_permute2x128_si256(ua, ub, 0x31)
     else:
         lo[0] = _mm256_xor_si256(_mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>a.qs)),
@@ -164,7 +188,7 @@ cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y,
     cdef __m256i hi[4]
     cdef __m256i a[4]
     cdef __m256i xlo, xhi, seed
-    cdef __m256i offset = _mm256_set1_epi8(8 if laneblock is block_q4_0 else -128)
+    cdef __m256i offset = _mm256_set1_epi8(<char>lane_offset(w))
     cdef __m256i zero = _mm256_setzero_si256()
     cdef __m256 dw
     cdef uint16_t dh[LR]

@@ -1,22 +1,19 @@
-# The AVX-512 VNNI kernels of the legacy 32-value types in the per-lane order (ACT_Q8A activations):
-# repacking, prefill and decode tiles (plblock: Q4_0 and Q8_0 take matmul512_lanes.pxi, which shares load_u
-# and token_seed). Included by matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses.
+# The AVX-512 VNNI kernels of the legacy 32-value types with a min (Q4_1, Q5_1) in the per-lane order
+# (ACT_Q8A activations): repacking, prefill and decode tiles (plblock). Q4_0, Q5_0 and Q8_0 take
+# matmul512_lanes.pxi, which shares load_u. Included by matmul512.pyx (compiled with its
+# AVX-512 flags), whose types and constants it uses.
 
-# One 32-value block of R rows, repacked: the quants as dpbusd takes them, the fp32 scale and min.
-#   Q5_0 (an offset): q holds the signed values q - 16, and the activations are the unsigned operand,
-#     biased by 128 (x + 128, one xor per token block); seed holds -128 * (sum of each 4 quants), the
-#     accumulator's start, so that dpbusd(seed, x + 128, q) is exactly the lane sum of q * x. Nothing per
-#     token block but the xor, nothing per row block but two loads.
-#   Q4_1, Q5_1 (unsigned quants, the min term apart): q holds the unsigned q, dpbusd(0, q, x); no seed.
+# One 32-value block of R rows, repacked: the unsigned quants as dpbusd takes them (dpbusd(0, q, x): the
+# min term apart, nothing to subtract), the fp32 scale and min.
 ctypedef struct lrec:
-    int8_t q[4][32]
-    int32_t seed[4][8]
+    uint8_t q[4][32]
     float d[4]
     float m[4]
 
 
 
-# One weight block's quants as the unsigned operand of dpbusd: q (4/5-bit types), q + 128 (Q8_0).
+# One weight block's quants as the unsigned operand of dpbusd: the stored value (4/5-bit types: q, or q + 8,
+# q + 16 for the types with an offset), q + 128 (Q8_0).
 cdef inline __m256i load_u(const lblock* wb) noexcept nogil:
     if lblock is block_q8_0:
         return _mm256_xor_si256(_mm256_loadu_si256(<const __m256i*>wb.qs), _mm256_set1_epi8(-128))
@@ -27,43 +24,13 @@ cdef inline __m256i load_u(const lblock* wb) noexcept nogil:
                                _mm256_and_si256(unpack_bits(wb.qh), _mm256_set1_epi8(0x10)))
 
 
-# The accumulator seed for one token block in decode (as AVX2's token_offset): minus the offset's share
-# c * (sum of 4 x quants) per lane, so that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy; zero for
-# the types without an offset. (Prefill instead moves the offset to the weights: see lrec.)
-cdef inline __m256i token_seed(const lblock* tag, __m256i qy) noexcept nogil:
-    cdef __m256i zero = _mm256_setzero_si256()
-    if lblock is block_q4_0:
-        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(8), qy))
-    elif lblock is block_q5_0:
-        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(16), qy))
-    elif lblock is block_q8_0:
-        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), qy))
-    else:
-        return zero
-
-
-# True for the types whose repacked quants are signed (see lrec).
-cdef inline bint signed_q(const plblock* tag) noexcept nogil:
-    return plblock is block_q5_0
-
-
 # Row `w` (nb blocks) into slot r of the records dst[0..nb).
 cdef void repack_l(const plblock* w, Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
-    cdef __m256i q
-    cdef __m256i zero = _mm256_setzero_si256()
     cdef Py_ssize_t b
     for b in range(nb):
-        if plblock is block_q5_0:
-            q = _mm256_sub_epi8(load_u(w + b), _mm256_set1_epi8(16))
-        else:
-            q = load_u(w + b)
-        _mm256_storeu_si256(<__m256i*>dst[b].q[r], q)
-        if signed_q(w):
-            _mm256_storeu_si256(<__m256i*>dst[b].seed[r],
-                                _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), q)))
+        _mm256_storeu_si256(<__m256i*>dst[b].q[r], load_u(w + b))
         dst[b].d[r] = fp16(w[b].d)
-        if plblock is block_q4_1 or plblock is block_q5_1:
-            dst[b].m[r] = fp16(w[b].m)
+        dst[b].m[r] = fp16(w[b].m)
 
 
 # A slot with no row behind it (the last tile of a matrix whose row count is not a multiple of R): zeros,
@@ -72,7 +39,6 @@ cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
     cdef Py_ssize_t b
     for b in range(nb):
         memset(dst[b].q[r], 0, 32)
-        memset(dst[b].seed[r], 0, 32)
         dst[b].d[r] = 0.0
         dst[b].m[r] = 0.0
 
@@ -124,11 +90,10 @@ cdef inline void min_terms(const tshape* shape, const __m128* ms, __m256 ms01, _
 
 
 # Where a prefill tile reads its R rows (as types, so that each ltile is compiled for one):
-#   from_records: the repacked records w[0..nb) (lrec): many tokens, the offset moved to the weights;
+#   from_records: the repacked records w[0..nb) (lrec): many tokens;
 #   from_blocks: the rows as stored, nb blocks apart (few tokens, n_tok <= RAW_TOK: unpacking a block where
-#     it is used costs less than storing and reloading it); quants unsigned, the offsets taken off per
-#     token block with token_seed (as decode does), the scales converted 8 at a time from the 4 rows'
-#     fp16 (d, m) pairs, and the weights prefetched as in decode: they stream from memory once, and the
+#     it is used costs less than storing and reloading it); the scales converted 8 at a time from the 4
+#     rows' fp16 (d, m) pairs, and the weights prefetched as in decode: they stream from memory once, and the
 #     hardware prefetchers lose the thread of R interleaved rows.
 ctypedef struct from_records:
     char unused
@@ -156,21 +121,18 @@ cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, con
     cdef __m128 ms[MAXT]
     cdef __m256 ms01 = _mm256_setzero_ps(), ms23 = _mm256_setzero_ps()
     cdef __m256i qx[4]
-    cdef __m256i sd[4]
-    cdef __m256i qy, isum, seed
+    cdef __m256i qy
     cdef __m256i zero = _mm256_setzero_si256()
     cdef __m256 dx8, mv8, dm
     cdef float sc[SCH * MAXT * 4]
     cdef const float* s
     cdef float mo[4]
-    cdef const block_q8a* yb
     cdef int r, t
     cdef Py_ssize_t b, b0, b1, k
     cdef const char* pf = <const char*>(blk + PF_TILES * R * nb)
     cdef Py_ssize_t pfstep = R * sizeof(plblock)
     for t in range(T):
-        if plblock is block_q4_1 or plblock is block_q5_1:
-            ms[t] = _mm_setzero_ps()
+        ms[t] = _mm_setzero_ps()
         for r in range(R):
             acc[r][t] = _mm256_setzero_ps()
     b0 = 0
@@ -180,7 +142,7 @@ cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, con
             if lsource is from_blocks:
                 for k in range(0, pfstep, 64):
                     lc_prefetch(pf + b * pfstep + k)
-                # [d0, m0, d1, m1, d2, m2, d3, m3] (for the types without m, the odd lanes are unused)
+                # [d0, m0, d1, m1, d2, m2, d3, m3]
                 dm = _mm256_cvtph_ps(_mm_set_epi32(
                     <int>load_u32(<const uint8_t*>(blk + 3 * nb + b)),
                     <int>load_u32(<const uint8_t*>(blk + 2 * nb + b)),
@@ -198,33 +160,17 @@ cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, con
                     qx[r] = load_u(blk + r * nb + b)
                 else:
                     qx[r] = _mm256_loadu_si256(<const __m256i*>rec[b].q[r])
-                    if signed_q(tag):
-                        sd[r] = _mm256_loadu_si256(<const __m256i*>rec[b].seed[r])
             for t in range(T):
-                yb = y + t * nb + b
-                qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
-                if lsource is from_blocks:
-                    seed = token_seed(tag, qy)
-                elif signed_q(tag):
-                    qy = _mm256_xor_si256(qy, _mm256_set1_epi8(-128))  # x + 128
+                qy = _mm256_loadu_si256(<const __m256i*>y[t * nb + b].qs)
                 s = &sc[((b - b0) * MAXT + t) * 4]
                 for r in range(R):
-                    if lsource is from_blocks:
-                        isum = _mm256_dpbusd_epi32(seed, qx[r], qy)
-                    elif signed_q(tag):
-                        isum = _mm256_dpbusd_epi32(sd[r], qy, qx[r])
-                    else:
-                        isum = _mm256_dpbusd_epi32(zero, qx[r], qy)
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]), _mm256_cvtepi32_ps(isum), acc[r][t])
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(s[r]),
+                                                _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, qx[r], qy)), acc[r][t])
         b0 = b1
     for t in range(T):
-        if plblock is block_q4_1 or plblock is block_q5_1:
-            min_terms(shape, ms, ms01, ms23, t, mo)
-            for r in range(nvalid):
-                out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
-        else:
-            for r in range(nvalid):
-                out[t * ldo + r] = hsum8(acc[r][t])
+        min_terms(shape, ms, ms01, ms23, t, mo)
+        for r in range(nvalid):
+            out[t * ldo + r] = hsum8(acc[r][t]) + mo[r]
 
 
 # One decode tile: R rows (from the weights as stored) x 1 token. The scales as in mm_avx2.pyx's decode:
@@ -237,7 +183,8 @@ cdef void ldec(const plblock* w, const rshape* shape, const block_q8a* y, Py_ssi
     cdef __m256 acc[4]
     cdef __m128 ms[4]
     cdef __m256 ms8 = _mm256_setzero_ps()
-    cdef __m256i qy, seed
+    cdef __m256i qy
+    cdef __m256i zero = _mm256_setzero_si256()
     cdef __m128 u, v
     cdef __m256 v8
     cdef const plblock* wb
@@ -248,26 +195,23 @@ cdef void ldec(const plblock* w, const rshape* shape, const block_q8a* y, Py_ssi
     cdef Py_ssize_t pfstep = RR * sizeof(plblock)
     for r in range(RR):
         acc[r] = _mm256_setzero_ps()
-        if plblock is block_q4_1 or plblock is block_q5_1:
-            ms[r] = _mm_setzero_ps()
+        ms[r] = _mm_setzero_ps()
     for b in range(nb):
         # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
         for k in range(0, pfstep, 64):
             lc_prefetch(pf + b * pfstep + k)
         yb = y + b
         qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
-        seed = token_seed(w, qy)
         if rshape is row4:
             # [d0 d_x, m0 s, d1 d_x, m1 s, ...]: the token's [d_x, s] (8 bytes) in every pair of lanes
             v8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set_epi32(
                 <int>load_u32(<const uint8_t*>(w + 3 * nb + b)), <int>load_u32(<const uint8_t*>(w + 2 * nb + b)),
                 <int>load_u32(<const uint8_t*>(w + nb + b)), <int>load_u32(<const uint8_t*>(w + b)))),
                 _mm256_castsi256_ps(_mm256_set1_epi64x(load_u64(<const uint8_t*>yb))))
-            if plblock is block_q4_1 or plblock is block_q5_1:
-                ms8 = _mm256_add_ps(ms8, v8)
+            ms8 = _mm256_add_ps(ms8, v8)
             for r in range(4):
                 acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(v8, _mm256_set1_epi32(2 * r)),
-                                         _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(w + r * nb + b), qy)),
+                                         _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, load_u(w + r * nb + b), qy)),
                                          acc[r])
         else:
             u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_x, s, 0, 0]
@@ -275,17 +219,13 @@ cdef void ldec(const plblock* w, const rshape* shape, const block_q8a* y, Py_ssi
                 wb = w + r * nb + b
                 v = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(<int>load_u32(<const uint8_t*>wb))), u)
                 acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(v),
-                                         _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(seed, load_u(wb), qy)), acc[r])
-                if plblock is block_q4_1 or plblock is block_q5_1:
-                    ms[r] = _mm_add_ps(ms[r], v)
+                                         _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, load_u(wb), qy)), acc[r])
+                ms[r] = _mm_add_ps(ms[r], v)
     cdef float msum[8]
-    if rshape is row4 and (plblock is block_q4_1 or plblock is block_q5_1):
+    if rshape is row4:
         _mm256_storeu_ps(msum, ms8)
     for r in range(RR):
-        if plblock is block_q4_1 or plblock is block_q5_1:
-            if rshape is row4:
-                out[r] = hsum8(acc[r]) + msum[2 * r + 1]
-            else:
-                out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(ms[r]))
+        if rshape is row4:
+            out[r] = hsum8(acc[r]) + msum[2 * r + 1]
         else:
-            out[r] = hsum8(acc[r])
+            out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(ms[r]))

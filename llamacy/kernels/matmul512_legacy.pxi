@@ -44,33 +44,30 @@ cdef void repack_l_empty(Py_ssize_t nb, lrec* dst, int r) noexcept nogil:
 
 
 # The scale products of one block for a tile: sc[t * 4 + r] = d_w[r] * d_x[t], and the min terms
-# (Q4_1/Q5_1) ms[t][r] += m_w[r] * s_x[t]. Two tokens per 256-bit multiply: dx8 and mv8 hold the 4 rows'
+# ms[t][r] += m_w[r] * s_x[t]. Two tokens per 256-bit multiply: dx8 and mv8 hold the 4 rows'
 # d and m twice, [d0..d3, d0..d3], against [d_x(t) x 4, d_x(t+1) x 4]. The same products and sums in the
 # same order as one SSE multiply per token (each lane is its own (row, token)), in half the multiplies:
 # these share the two pipes that every dpbusd and FMA of the tile needs.
 # ms01 holds the min terms of tokens 0 (low half) and 1, ms23 those of 2 and 3; an odd last token uses ms.
-cdef inline void scale_products(const lblock* tag, const tshape* shape, __m256 dx8, __m256 mv8,
+cdef inline void scale_products(const tshape* shape, __m256 dx8, __m256 mv8,
                                 const block_q8a* yb, Py_ssize_t nb, float* sc, __m128* ms,
                                 __m256* ms01, __m256* ms23) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef int t
     if T >= 2:
         _mm256_storeu_ps(sc, _mm256_mul_ps(dx8, _mm256_set_m128(_mm_set1_ps(yb[nb].d), _mm_set1_ps(yb[0].d))))
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            # the min term, in block order: m_w * s_x rounded, then added
-            ms01[0] = _mm256_add_ps(ms01[0], _mm256_mul_ps(mv8, _mm256_set_m128(
-                _mm_set1_ps(yb[nb].s), _mm_set1_ps(yb[0].s))))
+        # the min term, in block order: m_w * s_x rounded, then added
+        ms01[0] = _mm256_add_ps(ms01[0], _mm256_mul_ps(mv8, _mm256_set_m128(
+            _mm_set1_ps(yb[nb].s), _mm_set1_ps(yb[0].s))))
     if T >= 4:
         _mm256_storeu_ps(sc + 8, _mm256_mul_ps(dx8, _mm256_set_m128(
             _mm_set1_ps(yb[3 * nb].d), _mm_set1_ps(yb[2 * nb].d))))
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms23[0] = _mm256_add_ps(ms23[0], _mm256_mul_ps(mv8, _mm256_set_m128(
-                _mm_set1_ps(yb[3 * nb].s), _mm_set1_ps(yb[2 * nb].s))))
+        ms23[0] = _mm256_add_ps(ms23[0], _mm256_mul_ps(mv8, _mm256_set_m128(
+            _mm_set1_ps(yb[3 * nb].s), _mm_set1_ps(yb[2 * nb].s))))
     if T % 2:
         t = T - 1
         _mm_storeu_ps(sc + t * 4, _mm_mul_ps(_mm256_castps256_ps128(dx8), _mm_set1_ps(yb[t * nb].d)))
-        if lblock is block_q4_1 or lblock is block_q5_1:
-            ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(_mm256_castps256_ps128(mv8), _mm_set1_ps(yb[t * nb].s)))
+        ms[t] = _mm_add_ps(ms[t], _mm_mul_ps(_mm256_castps256_ps128(mv8), _mm_set1_ps(yb[t * nb].s)))
 
 
 # Token t's 4 min terms (see scale_products) into mo.
@@ -152,7 +149,7 @@ cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, con
             else:
                 dx8 = _mm256_broadcast_ps(<const __m128*>rec[b].d)
                 mv8 = _mm256_broadcast_ps(<const __m128*>rec[b].m)
-            scale_products(tag, shape, dx8, mv8, y + b, nb, &sc[(b - b0) * MAXT * 4], ms, &ms01, &ms23)
+            scale_products(shape, dx8, mv8, y + b, nb, &sc[(b - b0) * MAXT * 4], ms, &ms01, &ms23)
         lc_spill(sc)
         for b in range(b0, b1):
             for r in range(R):

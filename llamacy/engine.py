@@ -14,11 +14,10 @@ from llamacy.errors import ContextOverflowError, UnsupportedModelError, UsageErr
 from llamacy.generation import Completion, Session, sampling_params
 from llamacy.generation.speculate import same_vocabulary, speculation
 from llamacy.model.kv_types import DEFAULT_KV_TYPE, kv_format
-from llamacy.openai_shapes import completion_choice
-from llamacy.structured import Constraint, Grammar, request_grammar
 
 if TYPE_CHECKING:
     from llamacy.model import Model
+    from llamacy.structured import Grammar
 
 DEFAULT_CTX = 4096
 
@@ -210,6 +209,8 @@ class Llama:
         if grammar is not None:
             if constraint is not None:
                 raise UsageError("give a grammar or a constraint, not both")
+            from llamacy.structured import Constraint  # lazily: the structured modules cost start-up
+
             constraint = Constraint(grammar, self.tokenizer, self.n_vocab)
         if max_tokens is not None and max_tokens < 0:
             max_tokens = None  # -1: until the context is full or the model stops
@@ -275,6 +276,9 @@ class Llama:
         unknown = set(speculation) - {"speculate", "draft_max", "ngram", "draft_model"}
         if unknown:
             raise UsageError(f"unknown option(s) for create_completion: {', '.join(sorted(unknown))}")
+        from llamacy.openai_shapes import completion_choice
+        from llamacy.structured import request_grammar
+
         stops = stop_list(stop)
         constrained = request_grammar(response_format, grammar, json_schema)
         sampling = sampling_options(locals())

@@ -155,3 +155,39 @@ def test_no_command_or_an_unknown_one_gets_the_whole_app() -> None:
 
     for args in ([], ["--version"], ["--help"], ["runn"], ["-h", "run"]):
         assert {c.name for c in app_for(args).registered_commands} == set(COMMANDS)
+
+
+def test_run_loads_neither_the_gguf_package_nor_the_request_modules(default_model_path: Path) -> None:
+    # A plain generation needs gguf-py's name tables only (llamacy.gguf_names), not its writer, vocabulary and
+    # metadata modules (PyYAML), nor the converter's pipeline or the structured-output request modules.
+    code = (
+        "import sys\n"
+        "from llamacy.engine import Llama\n"
+        f"llm = Llama({str(default_model_path)!r}, n_ctx=64, n_threads=1)\n"
+        "print(len(list(llm.generate_tokens('Hi', 2, temperature=0))))\n"
+        "late = ['gguf', 'yaml', 'llamacy.convert.pipeline', 'llamacy.structured.request',\n"
+        "        'llamacy.structured.tools', 'llamacy.openai_shapes']\n"
+        "print([m for m in late if m in sys.modules])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == ["2", "[]"]
+
+
+@pytest.mark.parametrize("first", ["gguf_names", "gguf"])
+def test_gguf_tables_are_one_module_whichever_loads_first(first: str) -> None:
+    code = (
+        f"import {'llamacy.gguf_names' if first == 'gguf_names' else 'gguf'}\n"
+        "import gguf, gguf.constants\n"
+        "from llamacy import gguf_names\n"
+        "from llamacy.convert.mixtures import target\n"
+        "same = [getattr(gguf_names, n) is getattr(gguf, n) is getattr(gguf.constants, n) for n in gguf_names.__all__]\n"
+        "print(all(same), gguf.TENSOR_NAMES[gguf_names.MODEL_TENSOR.OUTPUT], target('q8_0').file_type is gguf.LlamaFileType.MOSTLY_Q8_0)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "output", "True"]

@@ -8,7 +8,21 @@ sources), mixtures (target types and per-tensor rules), writer (temporary file, 
 quantization itself is llamacy.kernels.quantize (Cython, ggml's reference quantizers).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from llamacy.convert.mixtures import ALIASES, TARGETS, Target, target
-from llamacy.convert.pipeline import Summary, convert
+
+
+def __getattr__(name: str) -> Any:
+    # The pipeline imports the whole gguf package; the architecture tables import llamacy.convert.hf_spec at
+    # every start, so the pipeline loads only when `convert` is asked for.
+    if name in ("Summary", "convert"):
+        from llamacy.convert import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ALIASES", "TARGETS", "Summary", "Target", "convert", "target"]

@@ -15,10 +15,9 @@ The multi-token-prediction block (mtp.*) is not converted: llamacy does not run 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGUFWriter
 
 from llamacy.convert.hf_moe import QWEN_EXPERTS
 from llamacy.convert.hf_spec import (
@@ -32,6 +31,9 @@ from llamacy.convert.hf_spec import (
     check_rope,
 )
 from llamacy.errors import UnsupportedModelError
+
+if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
+    from gguf import GGUFWriter
 
 Rewrite = list[tuple[str, tuple[int, ...], Callable[[np.ndarray], np.ndarray]]]
 

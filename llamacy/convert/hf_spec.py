@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from gguf import GGUFWriter
+from typing import TYPE_CHECKING, Any
 
 from llamacy.convert.hf_moe import ExpertSpec
 from llamacy.errors import UnsupportedModelError, UsageError
+
+if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
+    from gguf import GGUFWriter
 
 # Per-layer tensors most architectures have: Hugging Face suffix (after "model.layers.N.") -> GGUF suffix.
 LAYER_COMMON = {

@@ -28,9 +28,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gguf import LlamaFileType
-
 from llamacy.ggml_types import BLOCK_LAYOUT, GGMLType
+from llamacy.gguf_names import LlamaFileType
 
 T = GGMLType
 

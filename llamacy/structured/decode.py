@@ -18,10 +18,12 @@ exactly, with it the truncation is applied before the grammar, as in llama.cpp.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llamacy.structured.constraint import Constraint
+if TYPE_CHECKING:
+    from llamacy.structured.constraint import Constraint
 
 
 def next_tokens(

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gguf import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
-from gguf import MODEL_TENSOR as T
+from llamacy.gguf_names import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
+from llamacy.gguf_names import MODEL_TENSOR as T
 
 if TYPE_CHECKING:
     from llamacy.convert.hf_spec import ArchSpec

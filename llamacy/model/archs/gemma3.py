@@ -8,13 +8,11 @@ Conversion stores every *norm.weight as 1 + w (Gemma's RMSNorm multiplies by 1 +
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
-
-from gguf import MODEL_TENSOR as T
-from gguf import GGUFWriter
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llamacy.convert.hf_spec import LAYER_COMMON, QK_NORMS, ArchSpec, HFConfig, check_act, check_rope
 from llamacy.errors import UnsupportedModelError
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import (
     Architecture,
     TensorSpec,
@@ -23,6 +21,9 @@ from llamacy.model.archs.base import (
     vec,
 )
 from llamacy.model.config import ROPE_NEOX, MetadataReader, ModelConfig, common_hparams
+
+if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
+    from gguf import GGUFWriter
 
 PATTERN = 6  # every 6th layer global, the others sliding-window
 

@@ -22,9 +22,9 @@ import math
 from typing import Any, ClassVar
 
 import numpy as np
-from gguf import MODEL_TENSOR as T
 
 from llamacy.errors import UnsupportedModelError
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import (
     EXPERTS,
     Architecture,

@@ -16,13 +16,15 @@ bidirectional attention.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGUFWriter
 
 from llamacy.convert.hf_spec import LAYER_COMMON, QK_NORMS, ArchSpec, HFConfig, check_act
 from llamacy.errors import UnsupportedModelError
+
+if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
+    from gguf import GGUFWriter
 
 _TEXT = "model.language_model."
 _TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")

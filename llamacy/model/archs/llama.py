@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from gguf import MODEL_TENSOR as T
-
 from llamacy.convert.hf_moe import MIXTRAL_EXPERTS
 from llamacy.convert.hf_spec import LLAMA_LAYERS, MOE_ATTN, ArchSpec, HFConfig, check_llama, check_moe
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import (
     Architecture,
     TensorSpec,

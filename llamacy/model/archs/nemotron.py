@@ -11,13 +11,11 @@ Following llama.cpp's build for LLM_ARCH_NEMOTRON and its converter's NemotronMo
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from gguf import MODEL_TENSOR as T
-from gguf import GGUFWriter
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llamacy.convert.hf_spec import ArchSpec, HFConfig, check_act, check_rope, has_key
 from llamacy.errors import UnsupportedModelError
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import (
     Architecture,
     TensorSpec,
@@ -26,6 +24,9 @@ from llamacy.model.archs.base import (
     ungated_ffn_tensors,
 )
 from llamacy.model.config import ROPE_NEOX, MetadataReader, ModelConfig, common_hparams
+
+if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
+    from gguf import GGUFWriter
 
 _EPS_KEYS = ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps")
 _ROT_KEYS = ("partial_rotary_factor", "rope_pct", "rope_percent")

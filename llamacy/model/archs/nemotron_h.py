@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
-from gguf import MODEL_TENSOR as T
-from gguf import TENSOR_NAMES
 
 from llamacy.errors import UnsupportedModelError
+from llamacy.gguf_names import MODEL_TENSOR as T
+from llamacy.gguf_names import TENSOR_NAMES
 from llamacy.model.archs.base import VECTOR, Architecture, TensorSpec, attention_tensors, experts, mat, vec
 from llamacy.model.archs.nemotron_h_hf import HF_DENSE, HF_MOE
 from llamacy.model.config import MetadataReader, ModelConfig, file_hparams

@@ -17,14 +17,16 @@ excludes groups, dense MLP layers in the MoE form).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGUFWriter
 
 from llamacy.convert.hf_moe import ExpertSpec
 from llamacy.convert.hf_spec import ArchSpec, HFConfig
 from llamacy.errors import UnsupportedModelError
+
+if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
+    from gguf import GGUFWriter
 
 _KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 _GLOBAL = {

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from gguf import MODEL_TENSOR as T
-
 from llamacy.convert.hf_moe import QWEN_EXPERTS
 from llamacy.convert.hf_spec import (
     MOE_ATTN,
@@ -19,6 +17,7 @@ from llamacy.convert.hf_spec import (
     check_qwen,
 )
 from llamacy.errors import UnsupportedModelError
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import Architecture, TensorSpec, attention_tensors, moe_tensors, vec
 from llamacy.model.config import ROPE_NEOX, ModelConfig, common_hparams, expert_hparams
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from gguf import MODEL_TENSOR as T
-
 from llamacy.convert.hf_spec import LLAMA_LAYERS, QK_NORMS, ArchSpec, check_qwen
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import Architecture, TensorSpec, attention_tensors, gated_ffn_tensors, vec
 from llamacy.model.config import ROPE_NEOX, ModelConfig, common_hparams
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from gguf import MODEL_TENSOR as T
-
 from llamacy.convert.hf_qwen3next import QWEN3NEXT_HF, QWEN35_HF, QWEN35MOE_HF
 from llamacy.convert.hf_spec import ArchSpec
 from llamacy.errors import UnsupportedModelError
+from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import (
     Architecture,
     TensorSpec,

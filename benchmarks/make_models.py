@@ -8,8 +8,9 @@ model's shapes benchmarks like the real model: each is written in Hugging Face's
 safetensors in f16, a byte-level BPE tokenizer.json of the real vocabulary size) and converted with
 `llamacy convert` to each --type. Weights are N(0, 0.02) like a trained model's (norm weights near 1, Qwen's
 q/k/v biases small), so the quantizers see realistic ranges. The tokenizer is synthetic (the 256 byte
-symbols, then made-up merges up to the real count) with the real pre-tokenizer; the text it produces means
-nothing, which no speed test needs.
+symbols, the two-byte characters, then made-up merges up to the real count) with the real pre-tokenizer; the
+text it produces means nothing, which no speed test needs, but is valid UTF-8, which llama-server needs.
+Files built before that rule (2026-12-03) make llama-server fail every completion: delete and rebuild them.
 
 Files go to ~/.cache/llamacy/bench-models/<model>-<TYPE>.gguf (outside the repository; $XDG_CACHE_HOME is
 honoured); a file already there is kept. The Hugging Face checkpoint is deleted once every requested type of
@@ -180,8 +181,9 @@ def built_models() -> list[tuple[str, Path]]:
     return found
 
 
-def byte_alphabet() -> list[str]:
-    """GPT-2's byte-to-unicode map, the symbols of a byte-level BPE vocabulary."""
+def byte_symbols() -> list[tuple[int, str]]:
+    """GPT-2's byte-to-unicode map, in its order: (byte, symbol) for token ids 0..255 of a byte-level BPE
+    vocabulary."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     bs += list(range(ord("®"), ord("ÿ") + 1))
     cs, n = bs[:], 0
@@ -190,22 +192,39 @@ def byte_alphabet() -> list[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return [chr(c) for c in cs]
+    return [(b, chr(c)) for b, c in zip(bs, cs, strict=True)]
+
+
+def lone_byte_ids() -> list[int]:
+    """The ids of the 128 byte tokens 0x80-0xFF: none is text on its own (a UTF-8 lead or continuation byte)."""
+    return [i for i, (b, _) in enumerate(byte_symbols()) if b >= 0x80]
 
 
 def write_tokenizer(directory: Path, shape: Shape) -> None:
-    """A byte-level BPE tokenizer.json with shape.n_text_tokens regular tokens (256 bytes + synthetic
-    merges: every pair of symbols, then every merged pair followed by a symbol, in order), three special
-    tokens after them, the model's real split regex, and a ChatML tokenizer_config.json."""
-    alphabet = byte_alphabet()
-    vocab: dict[str, int] = {s: i for i, s in enumerate(alphabet)}
+    """A byte-level BPE tokenizer.json with shape.n_text_tokens regular tokens, three special tokens after
+    them, the model's real split regex, and a ChatML tokenizer_config.json.
+
+    The regular tokens: the 256 byte symbols; the 1,920 two-byte characters U+0080-U+07FF (lead byte and
+    continuation merged); then made-up merges, every token of the last layer followed by every character,
+    in order. Every token but the 128 lone high bytes is therefore valid UTF-8 on its own, and so is any
+    sequence of them: llama-server rejects a completion that is not (HTTP 500, "does not match the expected
+    Content-only format"), and write_checkpoint keeps the model from ever choosing a lone byte."""
+    symbols = byte_symbols()
+    sym = {b: c for b, c in symbols}
+    vocab: dict[str, int] = {c: i for i, (_, c) in enumerate(symbols)}
     merges: list[str] = []
+    chars = [sym[b] for b in range(0x80)]  # ASCII: a character in one byte
+    for lead in range(0xC2, 0xE0):
+        for cont in range(0x80, 0xC0):
+            vocab[sym[lead] + sym[cont]] = len(vocab)
+            merges.append(f"{sym[lead]} {sym[cont]}")
+            chars.append(sym[lead] + sym[cont])
     need = shape.n_text_tokens
-    layers = [alphabet]
+    layer = chars
     while len(vocab) < need:
         nxt = []
-        for a in layers[-1]:
-            for b in alphabet:
+        for a in layer:
+            for b in chars:
                 if len(vocab) >= need:
                     break
                 if a + b not in vocab:
@@ -214,7 +233,7 @@ def write_tokenizer(directory: Path, shape: Shape) -> None:
                     nxt.append(a + b)
             if len(vocab) >= need:
                 break
-        layers.append(nxt)
+        layer = nxt
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     added = []
     for s in specials:
@@ -305,12 +324,17 @@ def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) ->
     sh = Shards(directory, seed)
     normal, norm = sh.normal, sh.norm
     q_dim, kv_dim = shape.heads * head_dim, shape.kv_heads * head_dim
+    # Zero rows for the lone high bytes: their logit is then 0 for every state, never among the top of 150k
+    # random logits, so neither greedy nor top-k sampling writes one (see write_tokenizer). The bytes read per
+    # token and the work are the same as for random rows.
     emb = {
         "model.embed_tokens.weight": normal(shape.vocab, shape.hidden),
         "model.norm.weight": norm(shape.hidden),
     }
+    emb["model.embed_tokens.weight"][lone_byte_ids()] = 0
     if not shape.tied:
         emb["lm_head.weight"] = normal(shape.vocab, shape.hidden)
+        emb["lm_head.weight"][lone_byte_ids()] = 0
     sh.save(emb, "model-embed.safetensors")
     del emb
     for i in range(shape.layers):

@@ -62,3 +62,36 @@ def test_tiny_gemma4_from_the_writer_converts_and_runs(tmp_path, monkeypatch) ->
     logits = llm.model.eval([2, 10, 11, 12], logits="all")
     assert logits.shape == (4, 512)
     assert (abs(logits) <= 30.0 + 1e-3).all()  # final soft-capping at 30
+
+
+def test_synthetic_vocabulary_writes_only_valid_utf8(tmp_path) -> None:
+    # llama-server answers HTTP 500 to a completion that is not valid UTF-8, so a random model must never be
+    # able to write a lone lead or continuation byte: every token but those 128 is text on its own, and
+    # their embedding rows (the tied head) are zero.
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    shape = make_models.Shape("llama", 64, 128, 1, 4, 2, 6000, 5000, True, make_models.LLAMA3_ROPE)
+    make_models.write_checkpoint(tmp_path, "tiny", shape)
+    tok = json.loads((tmp_path / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    decode = {c: b for b, c in make_models.byte_symbols()}
+    lone = set(make_models.lone_byte_ids())
+    assert len(lone) == 128 and len(vocab) == shape.n_text_tokens + 3
+    for piece, i in vocab.items():
+        if i in lone or piece.startswith("<|"):
+            continue
+        bytes(decode[c] for c in piece).decode("utf-8")  # raises if not valid UTF-8
+    assert all(
+        a in vocab and b in vocab and a + b in vocab
+        for a, b in (m.split(" ") for m in tok["model"]["merges"])
+    )
+    emb = load_file(str(tmp_path / "model-embed.safetensors"))["model.embed_tokens.weight"]
+    assert not emb[sorted(lone)].any() and np.count_nonzero(emb.any(axis=1)) == shape.vocab - 128
+
+    hf = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = "Grüße, señor: ¿qué tal? ω"
+    assert hf.decode(hf.encode(text).ids) == text

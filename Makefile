@@ -55,8 +55,11 @@ bench-models: install
 
 # `llamacy serve --parallel 8` under 8 streaming clients against 1; with LLAMACY_REF_SERVER=/path/to/
 # llama-server (benchmarks/build_reference.sh) the reference engine's server beside it in the same run.
+# The default model, then the realistic Q4_K_M and Q8_0 files that `make bench-models` has built.
 bench-server: install model
 	$(PYTHON) benchmarks/bench_server.py --threads 2 --rounds 5
+	$(PYTHON) benchmarks/make_models.py --list | awk '$$2 ~ /^(Q4_K_M|Q8_0)$$/ {print $$3}' | \
+		while read -r m; do $(PYTHON) benchmarks/bench_server.py --model "$$m" --threads 2 --rounds 5 || exit 1; done
 
 # The reference C++ engine through its Python binding: compiles for several minutes.
 bench-peer:

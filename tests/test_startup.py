@@ -47,6 +47,15 @@ VALUES = [
 ]
 
 
+def _fresh_python(code: str) -> list[str]:
+    """The lines `code` prints in a new interpreter (imports start from nothing)."""
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
 def _command() -> typer.core.TyperCommand:
     app = typer.Typer()
 
@@ -120,11 +129,7 @@ def test_run_imports_no_pydantic_nor_llguidance() -> None:
         "import llamacy.engine\n"
         "print('pydantic' in sys.modules, 'llguidance' in sys.modules)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-2:] == ["3 0.5 ['x'] 2", "False False"]
+    assert _fresh_python(code)[-2:] == ["3 0.5 ['x'] 2", "False False"]
 
 
 @pytest.mark.parametrize(
@@ -169,11 +174,7 @@ def test_run_loads_neither_the_gguf_package_nor_the_request_modules(default_mode
         "        'llamacy.structured.tools', 'llamacy.openai_shapes']\n"
         "print([m for m in late if m in sys.modules])\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-2:] == ["2", "[]"]
+    assert _fresh_python(code)[-2:] == ["2", "[]"]
 
 
 @pytest.mark.parametrize("first", ["gguf_names", "gguf"])
@@ -186,8 +187,4 @@ def test_gguf_tables_are_one_module_whichever_loads_first(first: str) -> None:
         "same = [getattr(gguf_names, n) is getattr(gguf, n) is getattr(gguf.constants, n) for n in gguf_names.__all__]\n"
         "print(all(same), gguf.TENSOR_NAMES[gguf_names.MODEL_TENSOR.OUTPUT], target('q8_0').file_type is gguf.LlamaFileType.MOSTLY_Q8_0)\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "output", "True"]
+    assert _fresh_python(code)[-1] == "True output True"

@@ -86,12 +86,13 @@ cdef enum:
     LANE_PF_TILES = 1  # their decode: prefetch distance, in 8-row tiles
     # Few-token limits of the row-lane types: up to this many tokens the weights are read as stored, 4
     # tokens per pass (lanes_dec, klanes_dec), the later passes finding the rows in L1; above it they are
-    # repacked. Repacking wins in a kernel loop whose weights sit in cache from 4 tokens on, but in a model,
-    # streaming 1 GB of weights at 2 threads on Zen 4, reading as stored wins up to 12 tokens for Q4_0,
-    # Q5_0, Q8_0 and 16 for the K-quants (llama-3.2-1b pp4 1.8x/2.5x, pp8 1.2x/1.6x: BENCHMARKS.md). A
-    # batched server step of up to 16 sequences is such a product.
-    LANE_RAW_TOK = 12  # Q4_0, Q5_0, Q8_0 (lanes_dec)
-    KLANE_RAW_TOK = 16  # Q4_K, Q5_K, Q6_K (klanes_dec)
+    # repacked, the next tile's rows prefetched while one repacks. Measured inside llama-3.2-1b at 2 threads
+    # on Zen 4, where the weights stream from memory (a kernel loop with its weights in cache favours
+    # repacking from 4 tokens): as stored wins at 4 and 6 tokens (1.3x, 1.1x), repacked at 8 for Q4_K
+    # (1.17x) and at 12 for Q8_0 (1.13x), even at 8 and 10 (BENCHMARKS.md). A batched server step of a
+    # few sequences is such a product.
+    LANE_RAW_TOK = 8  # Q4_0, Q5_0, Q8_0 (lanes_dec)
+    KLANE_RAW_TOK = 7  # Q4_K, Q5_K, Q6_K (klanes_dec)
     KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
     COMPACT_TOK = 8  # Q2_K, Q3_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)

@@ -73,6 +73,9 @@ cdef inline __m256i k6_values(__m256i a, __m256i c, __m256i hb, int j) noexcept 
 # Rows w[0..nrows) (nb super-blocks each, nrows <= LR) into the records dst[0..nb); the other slots get
 # zeros, computed on and never stored.
 cdef void repack_klanes(const klblock* w, int nrows, Py_ssize_t nb, klanerec* dst) noexcept nogil:
+    cdef const char* pf = <const char*>(w + LR * nb)  # the next tile's rows, in flight while this one repacks
+    cdef Py_ssize_t pfstep = LR * sizeof(klblock)
+    cdef Py_ssize_t i
     cdef __m256i a[LR]
     cdef __m256i c[LR]
     cdef __m256i lo, hi
@@ -83,6 +86,8 @@ cdef void repack_klanes(const klblock* w, int nrows, Py_ssize_t nb, klanerec* ds
     cdef int r, j, k, n
     cdef Py_ssize_t b
     for b in range(nb):
+        for i in range(0, pfstep, 64):
+            lc_prefetch(pf + b * pfstep + i)
         for r in range(LR):
             if r < nrows:
                 blk = w + r * nb + b

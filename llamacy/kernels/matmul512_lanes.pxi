@@ -92,11 +92,15 @@ cdef inline __m256i rows8_sums(const __m256i* h) noexcept nogil:
 # Rows w[0..nrows) (nb blocks each, nrows <= LR) into the records dst[0..nb); the other slots get zeros,
 # computed on and never stored.
 cdef void repack_lanes(const laneblock* w, int nrows, Py_ssize_t nb, lanerec* dst) noexcept nogil:
+    cdef const char* pf = <const char*>(w + LR * nb)  # the next tile's rows, in flight while this one repacks
+    cdef Py_ssize_t pfstep = LR * sizeof(laneblock)
     cdef __m256i v[8]
     cdef __m256i zero = _mm256_setzero_si256()
     cdef int r
-    cdef Py_ssize_t b
+    cdef Py_ssize_t b, k
     for b in range(nb):
+        for k in range(0, pfstep, 64):
+            lc_prefetch(pf + b * pfstep + k)
         for r in range(LR):
             if r < nrows:
                 v[r] = load_u(w + r * nb + b)

@@ -262,7 +262,7 @@ def test_row_lane_order_is_exact_on_every_path(t):
     shapes = ((13, 512), (70, 1536)) if t in KQUANTS else ((13, 96), (70, 1536))
     for rows, cols in shapes:
         data = make_weights(t, rows, cols, rng)
-        for n in (1, 2, 3, 4, 7, 8, 9, 13, 67, 131):  # both sides of LANE_RAW_TOK, KLANE_RAW_TOK
+        for n in (1, 2, 3, 4, 7, 8, 9, 13, 67, 131):  # both sides of each few-token limit
             x = rng.standard_normal((n, cols)).astype(np.float32)
             Y = mm.matmul_py(data, int(t), x, impl="vnni")
             for threads in (1, 2):

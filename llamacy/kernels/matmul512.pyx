@@ -88,10 +88,11 @@ cdef enum:
     # tokens per pass (lanes_dec, klanes_dec), the later passes finding the rows in L1; above it they are
     # repacked, the next tile's rows prefetched while one repacks. Measured inside llama-3.2-1b at 2 threads
     # on Zen 4, where the weights stream from memory (a kernel loop with its weights in cache favours
-    # repacking from 4 tokens): as stored wins at 4 and 6 tokens (1.3x, 1.1x), repacked at 8 for Q4_K
-    # (1.17x) and at 12 for Q8_0 (1.13x), even at 8 and 10 (BENCHMARKS.md). A batched server step of a
-    # few sequences is such a product.
-    LANE_RAW_TOK = 8  # Q4_0, Q5_0, Q8_0 (lanes_dec)
+    # repacking from 4 tokens): as stored wins at 4 and 6 tokens for Q4_K (1.3x, 1.1x) and up to 8 for
+    # Q8_0, repacked from 8 for Q4_K (1.17x), from 5 for Q4_0 (1.03-1.21x) and from about 10 for Q8_0
+    # (BENCHMARKS.md). A batched server step of a few sequences is such a product.
+    Q4_0_RAW_TOK = 4  # Q4_0, Q5_0 (lanes_dec; see lane_raw_tok)
+    Q8_0_RAW_TOK = 8  # Q8_0
     KLANE_RAW_TOK = 7  # Q4_K, Q5_K, Q6_K (klanes_dec)
     KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
     COMPACT_TOK = 8  # Q2_K, Q3_K: up to this many tokens, scales expanded in ktile (see krec)

@@ -35,6 +35,16 @@ cdef inline int lane_offset(const laneblock* tag) noexcept nogil:
         return 128
 
 
+# Up to how many tokens a product reads the blocks as stored (lanes_dec) rather than repacked. Q8_0's raw
+# tile needs no unpacking and wins up to 8 tokens; Q4_0 unpacks nibbles in every pass and repacking wins
+# from 5 (llama-3.2-1b at 2 threads: BENCHMARKS.md); Q5_0, unpacked like Q4_0 plus its fifth bits, follows
+# Q4_0 (not measured on its own).
+cdef inline int lane_raw_tok(const laneblock* tag) noexcept nogil:
+    if laneblock is block_q8_0:
+        return Q8_0_RAW_TOK
+    return Q4_0_RAW_TOK
+
+
 # The accumulator seed for one token block qy: minus the offset's share c * (sum of 4 quants) per lane, so
 # that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy (as AVX2's token_offset).
 cdef inline __m256i token_seed(const laneblock* tag, __m256i qy) noexcept nogil:
@@ -176,7 +186,7 @@ cdef inline void pair_quants(const laneblock* a, const laneblock* b, __m256i* lo
             _mm_loadu_si128(<const __m128i*>(b.qs + 16)), 1), c128)
 
 
-# Decode and a few tokens (n_tok <= LANE_RAW_TOK), from the blocks as stored: 8 rows x T tokens. Two rows
+# Decode and a few tokens (n_tok <= lane_raw_tok), from the blocks as stored: 8 rows x T tokens. Two rows
 # share a register (pair_quants), row a's values in the low half and row b's in the high half, each half
 # dotted (dpbusd) with the token's matching 16 quants broadcast to both halves. A pair's lane sums are then 4
 # per row instead of 8, and three hadds turn the 4 pairs into one lane per row, ordered [r0 r2 r4 r6 | r1 r3
@@ -371,7 +381,7 @@ cdef int mm512_lanes(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const b
                      float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t G, g, tiles, sums_bytes
     cdef char* buf
-    if n_tok > LANE_RAW_TOK:
+    if n_tok > lane_raw_tok(W):
         tiles = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(lanerec)), GR // LR))
         G = tiles * LR
         sums_bytes = (n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64

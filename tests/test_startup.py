@@ -188,3 +188,15 @@ def test_gguf_tables_are_one_module_whichever_loads_first(first: str) -> None:
         "print(all(same), gguf.TENSOR_NAMES[gguf_names.MODEL_TENSOR.OUTPUT], target('q8_0').file_type is gguf.LlamaFileType.MOSTLY_Q8_0)\n"
     )
     assert _fresh_python(code)[-1] == "True output True"
+
+
+def test_structured_exports_every_name_it_lists() -> None:
+    # llamacy.structured loads its modules per name (_HOME); a name listed in __all__ without a home, or a
+    # home without the name, would fail only when some caller first asked for it.
+    code = (
+        "import llamacy.structured as s\n"
+        "print(sorted(s.__all__) == sorted(s._HOME), all(getattr(s, n) is not None for n in s.__all__))\n"
+        "from llamacy.structured import *\n"
+        "print(callable(response_format_grammar), StructuredRequest.__name__)\n"
+    )
+    assert _fresh_python(code)[-2:] == ["True True", "True StructuredRequest"]

@@ -331,10 +331,11 @@ def write_checkpoint(directory: Path, name: str, shape: Shape, seed: int = 0) ->
         "model.embed_tokens.weight": normal(shape.vocab, shape.hidden),
         "model.norm.weight": norm(shape.hidden),
     }
-    emb["model.embed_tokens.weight"][lone_byte_ids()] = 0
+    lone = lone_byte_ids()
+    emb["model.embed_tokens.weight"][lone] = 0
     if not shape.tied:
         emb["lm_head.weight"] = normal(shape.vocab, shape.hidden)
-        emb["lm_head.weight"][lone_byte_ids()] = 0
+        emb["lm_head.weight"][lone] = 0
     sh.save(emb, "model-embed.safetensors")
     del emb
     for i in range(shape.layers):

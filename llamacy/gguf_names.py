@@ -69,7 +69,6 @@ MODEL_ARCH = _c.MODEL_ARCH
 MODEL_TENSOR = _c.MODEL_TENSOR
 MODEL_TENSORS = _c.MODEL_TENSORS
 TENSOR_NAMES = _c.TENSOR_NAMES
-GGMLQuantizationType = _c.GGMLQuantizationType
 LlamaFileType = _c.LlamaFileType
 del _c
 
@@ -78,6 +77,5 @@ __all__ = [
     "MODEL_TENSOR",
     "MODEL_TENSORS",
     "TENSOR_NAMES",
-    "GGMLQuantizationType",
     "LlamaFileType",
 ]

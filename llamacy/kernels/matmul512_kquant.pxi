@@ -1,15 +1,17 @@
 # The AVX-512 VNNI prefill kernels of Q2_K and Q3_K, in the per-lane order (ACT_Q8K activations): repacking
 # and tiles (Q4_K, Q5_K and Q6_K take the row-lane kernels of matmul512_klanes.pxi). Included by
-# matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses. The unpacked form is kunpack.pxd's, the dot mm_avx2.pyx's kdot:
+# matmul512.pyx (compiled with its AVX-512 flags), whose types and constants it uses. The unpacked form is
+# kunpack.pxd's, the dot mm_avx2.pyx's kdot:
 #   value_j = d * sc_g * u_j - doff * off_g,  dot = d_x * (d * sum_g sc_g sum u q - doff * sum_g off_g bsum_g)
 
 # One 256-value super-block of R rows, repacked: mm_avx2.pyx's kunpacked, for 4 rows.
 ctypedef struct krec:
     uint8_t u[4][256]
     # per 32-value step j, what dpwssd multiplies step j's 16 int16 pair sums with: the scale of group 2j in
-    #   int16 lanes 0..7, of group 2j+1 in lanes 8..15 (expanded); or, with few tokens (n_tok <= COMPACT_TOK), just the 16 scales, expanded step by step
-    #     in ktile (one vpermw per row and step): 8 stores fewer per row and super-block, which is what
-    #     bounds the repacking, against 8 shuffles per row and super-block per tile.
+    # int16 lanes 0..7, of group 2j+1 in lanes 8..15 (expanded); or, with few tokens (n_tok <= COMPACT_TOK),
+    # just the 16 scales, expanded step by step in ktile (one vpermw per row and step): 8 stores fewer per
+    # row and super-block, which is what bounds the repacking, against 8 shuffles per row and super-block
+    # per tile.
     int16_t scx[4][128]
     int16_t off[4][16]
     float d[4]

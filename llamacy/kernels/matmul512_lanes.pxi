@@ -190,10 +190,10 @@ cdef inline void pair_quants(const laneblock* a, const laneblock* b, __m256i* lo
 # share a register (pair_quants), row a's values in the low half and row b's in the high half, each half
 # dotted (dpbusd) with the token's matching 16 quants broadcast to both halves. A pair's lane sums are then 4
 # per row instead of 8, and three hadds turn the 4 pairs into one lane per row, ordered [r0 r2 r4 r6 | r1 r3
-# r5 r7] (the scales are loaded in that order, the results stored back by it). The offset (8 or 128) starts
+# r5 r7] (the scales are loaded in that order, the results stored back by it). The offset (lane_offset) starts
 # every lane (seed): after the hadds each row carries -offset * (the block's sum of quants). Per 8 rows and
 # block that is 8 dpbusd, 3 hadds, 1 conversion and 1 FMA, where one row per register would need a 9-step
-# reduction (measured slower for both types: Q4_0 at 2 threads, Q8_0 at 1-3 tokens and at 2 threads).
+# reduction (measured slower: Q4_0 at 2 threads, Q8_0 at 1-3 tokens and at 2 threads).
 cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y, Py_ssize_t nb, float* out,
                     Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)

@@ -1,7 +1,7 @@
 # The AVX-512 VNNI kernels of the legacy 32-value types with a min (Q4_1, Q5_1) in the per-lane order
 # (ACT_Q8A activations): repacking, prefill and decode tiles (plblock). Q4_0, Q5_0 and Q8_0 take
-# matmul512_lanes.pxi, which shares load_u. Included by matmul512.pyx (compiled with its
-# AVX-512 flags), whose types and constants it uses.
+# matmul512_lanes.pxi, which shares load_u. Included by matmul512.pyx (compiled with its AVX-512 flags),
+# whose types and constants it uses.
 
 # One 32-value block of R rows, repacked: the unsigned quants as dpbusd takes them (dpbusd(0, q, x): the
 # min term apart, nothing to subtract), the fp32 scale and min.

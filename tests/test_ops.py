@@ -96,10 +96,11 @@ def test_attention_rejects_bad_range():
 # head by head: the outputs must be the same bits. head_dim 64 and 256 take the 64-column register path,
 # 72 one 64-column pass and then the one-vector path, 12 the plain loops. The ranges leave 0..7 positions
 # after the blocks of 8, and windows start past 0; 37 cached positions make each head's scores row odd-sized.
+# Heads go through the kernel's steps four (head_dim a multiple of 32), two and one at a time: 7 takes all.
 @pytest.mark.parametrize("kv", [np.float32, np.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("head_dim", [64, 72, 256, 12])
-@pytest.mark.parametrize("heads", [1, 3, 4])
+@pytest.mark.parametrize("heads", [1, 3, 4, 7])
 @pytest.mark.parametrize(
     ("first", "last"),
     [(0, 15), (0, 0), (5, 13), (1, 18), (3, 9), (0, 35), (7, 10), (2, 36), (11, 29), (4, 8), (3, 24)],

@@ -293,39 +293,14 @@ LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const vo
     }
 }
 
-/* The quantized formats' four-head versions of lc_att_scores8x2 and lc_att_values_acc2 (heads h < 4: q,
- * weights w and sums acc at h * qs, h * ws, h * hd). Widening a quantized value (int8 or nibble to float,
+/* lc_att_values_acc2 for four heads (weights and sums of head h at w + h * ws and acc + h * hd; hd a multiple
+ * of 32): each widened V vector serves four heads. Widening a quantized value (int8 or nibble to float,
  * times the block's scale) costs about twice a half's, and with the eight query heads of a Llama-style
  * group that work, done once per pair of heads, outweighed the bytes the smaller rows save (q8_0 1.25x
- * f16's time from memory at head_dim 64); here each widened vector serves four heads. Every accumulator
- * still takes the very fma chain of lc_att_scores8 (d ascending) or lc_att_values_acc (r ascending), so
- * the outputs are bit for bit the one-head kernel's. */
-LC_ATT_INLINE void lc_att_scores8x4(const float *q, const void *K, ptrdiff_t j, ptrdiff_t hd, float scale,
-                                    float *s, ptrdiff_t ss, int fmt) {
-    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
-    __m256 r[4][8];
-    for (int p = 0; p < 8; p += 2) { /* 2 rows x 4 heads: 8 accumulators */
-        const char *k = (const char *)K + (j + p) * rb;
-        __m256 a[4][2];
-        for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
-        for (ptrdiff_t d = 0; d < hd; d += 32) {
-            const char *r0 = lc_kv_at(k, d, fmt), *r1 = r0 + rb;
-            for (ptrdiff_t u = 0; u < 32; u += 8) {
-                const __m256 x0 = lc_kv_load8(r0, u, fmt), x1 = lc_kv_load8(r1, u, fmt);
-                for (int h = 0; h < 4; h++) {
-                    const __m256 qv = _mm256_loadu_ps(q + h * hd + d + u);
-                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
-                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
-                }
-            }
-        }
-        for (int h = 0; h < 4; h++) r[h][p] = a[h][0], r[h][p + 1] = a[h][1];
-    }
-    for (int h = 0; h < 4; h++)
-        lc_att_reduce8(r[h][0], r[h][1], r[h][2], r[h][3], r[h][4], r[h][5], r[h][6], r[h][7], scale,
-                       s + h * ss + j);
-}
-
+ * f16's time from memory at head_dim 64). Half rows gain too: decode at depth 4000 over f16 rows (head_dim
+ * 256, groups of 4) took 0.87x the time of the pairs. Per column the very fma chain of lc_att_values_acc
+ * (r ascending, from zero or the parked sum), so the sums are bit for bit its. (The scores stay in pairs
+ * for float rows: four heads over two rows at a time measured 1.13x slower.) */
 LC_ATT_INLINE void lc_att_values_acc4(const float *w, ptrdiff_t ws, const void *V, ptrdiff_t row0, ptrdiff_t nr,
                                       ptrdiff_t hd, float *acc, int init, int fmt) {
     const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
@@ -532,35 +507,18 @@ LC_ATT_INLINE float lc_att_softmax(float *scores, ptrdiff_t first, ptrdiff_t n, 
     return 1.0f / total;
 }
 
-/* K and V point at position 0 of the head's cache (rows of lc_kv_row_bytes(fmt, hd) bytes); scores needs
- * last + 1 floats. */
-LC_ATT_INLINE void lc_attend_impl(const float *q, const char *qq, const float *dq, const void *K, const void *V, ptrdiff_t first,
-                                  ptrdiff_t last, ptrdiff_t hd, float scale, float softcap, float *scores,
-                                  float *out, int fmt) {
+/* One head in plain loops: the kernel of the portable build, and of a head_dim that is not a multiple of 8
+ * (the SIMD kernel is lc_attend_group_pass, for one head as for several). K and V point at position 0 of
+ * the head's cache (rows of lc_kv_row_bytes(fmt, hd) bytes); scores needs last + 1 floats. */
+LC_ATT_INLINE void lc_attend_impl(const float *q, const char *qq, const float *dq, const void *K, const void *V,
+                                  ptrdiff_t first, ptrdiff_t last, ptrdiff_t hd, float scale, float softcap,
+                                  float *scores, float *out, int fmt) {
     const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
-    const int simd = LC_ATT_SIMD && hd % 8 == 0;
-    ptrdiff_t j = first;
-    if (LC_KV_QUANT(fmt)) {
-#if LC_ATT_SIMD
-        for (; j + 8 <= n; j += 8) LC_ATTQ_CALL(1, fmt)(qq, 0, dq, K, j, hd, scale, scores, 0);
-#endif
-        for (; j < n; j++) scores[j] = lc_attq_dot(qq, dq, (const char *)K + j * rb, hd, fmt) * scale;
-    } else {
-#if LC_ATT_SIMD
-        if (simd)
-            for (; j + 8 <= n; j += 8) lc_att_scores8(q, K, j, hd, scale, scores, fmt);
-#endif
-        for (; j < n; j++) scores[j] = lc_att_dot(q, (const char *)K + j * rb, hd, fmt) * scale;
-    }
+    ptrdiff_t j;
+    for (j = first; j < n; j++)
+        scores[j] = (LC_KV_QUANT(fmt) ? lc_attq_dot(qq, dq, (const char *)K + j * rb, hd, fmt)
+                                      : lc_att_dot(q, (const char *)K + j * rb, hd, fmt)) * scale;
     const float inv = lc_att_softmax(scores, first, n, softcap);
-#if LC_ATT_SIMD
-    if (simd) {
-        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
-            lc_att_values_acc(scores + first, V, first, n - first, hd, d0, out, 1, fmt);
-        lc_att_scale(out, hd, inv);
-        return;
-    }
-#endif
     for (ptrdiff_t d = 0; d < hd; d++) out[d] = 0.0f;
     for (j = first; j < n; j++) {
         const float w = scores[j] * inv;
@@ -598,20 +556,37 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
 }
 #endif
 
+/* Rows [row0, row1) of K or V (clipped to n) requested into L1. Deep into a context the rows come from
+ * memory, and the hardware prefetchers, which follow the grouped kernel's reads (8 K rows a step; V a
+ * line of every row of a block per 32 columns), left it at a third of the read bandwidth; asked for a few
+ * steps ahead, the rows arrive while the step before them computes. */
+LC_ATT_INLINE void lc_att_prefetch_rows(const void *base, ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t n,
+                                        ptrdiff_t rb) {
+    if (row1 > n) row1 = n;
+    const char *p = (const char *)base + row0 * rb, *end = (const char *)base + row1 * rb;
+    for (; p < end; p += 64) lc_prefetch(p);
+}
+
+/* K rows ahead of the scores step that reads them (four steps of 8; two measured slower at head_dim 64
+ * and 256, six no faster) */
+#define LC_ATT_PF_KROWS 32
+
 /* Up to LC_ATT_GROUP_MAX heads per pass of the grouped kernel (their 1 / sum kept in an array); larger groups
  * take several passes. Its V rows go in blocks of about LC_ATT_VBLOCK_BYTES, re-read from L1 by each head. */
 #define LC_ATT_GROUP_MAX 16
 #define LC_ATT_VBLOCK_BYTES 16384
 
-/* G <= LC_ATT_GROUP_MAX query heads over one KV head: head g reads q + g * hd, writes out + g * hd and uses
- * scores + g * ss (ss >= last + 1) as lc_attend_impl's scores. The heads take turns on each block of cached
- * rows (8 K rows for the scores, a block of V rows for the sums), two heads at a time (quantized rows: four
- * at a time, then pairs, then one), so each row comes from memory once for the G heads and from L1 for the
- * others, and each vector loaded (and widened) serves two (four) heads, where lc_attend_impl walks all rows
- * once per head.
- * Each head's output is bit for bit lc_attend_impl's: the scores run through lc_att_scores8's chains and
- * reduction in the same blocks of 8 from first, the positions left over through lc_att_dot, the softmax
- * is lc_att_softmax and the sums lc_att_values_acc's per-column chains, continued from block to block.
+/* G <= LC_ATT_GROUP_MAX query heads over one KV head (G = 1 included): head g reads q + g * hd, writes
+ * out + g * hd and uses scores + g * ss (ss >= last + 1), scores[first..last] its softmax weights. The heads
+ * take turns on each block of cached rows (8 K rows for the scores, a block of V rows for the sums), so
+ * each row comes from memory once for the G heads and from L1 for the others: the scores two heads at a
+ * time (quantized rows: four, then pairs, then one), the sums four at a time, then pairs, then one, each
+ * vector loaded (and widened) serving every head of the step.
+ * Each head's output is bit for bit what this pass gives for that head alone: whatever the step, a head's
+ * scores run through lc_att_scores8's chains and reduction (quantized: lc_attq_scores8xh's lanes) in the same
+ * blocks of 8 from first, the positions left over through lc_att_dot (lc_attq_dot), the softmax is
+ * lc_att_softmax and the sums lc_att_values_acc's per-column chains, continued from block to block. So the
+ * model gives the same results whichever way its heads are split among threads.
  * Widening each half-precision block once into a float buffer for all heads, instead of per head as it
  * is loaded, measured slower on the AMD EPYC (AVX-512, 2 cores) this was written on: the K blocks 1.15x,
  * K and V 1.35x the per-head kernel's time over one Gemma 3 layer's 512-token prompt; the stores and
@@ -623,12 +598,13 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
     const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
     const ptrdiff_t fit = LC_ATT_VBLOCK_BYTES / rb, vrows = fit > 8 ? fit : 8;
     float inv[LC_ATT_GROUP_MAX];
-    /* heads four at a time where the rows are quantized (lc_att_scores8x4), then two, then one */
-    const ptrdiff_t G4 = LC_KV_QUANT(fmt) ? G / 4 * 4 : 0;
+    /* the sums (and a quantized row's scores) of heads four at a time, then two, then one */
+    const ptrdiff_t G4 = hd % 32 == 0 ? G / 4 * 4 : 0;
     ptrdiff_t j = first, g;
     if (LC_KV_QUANT(fmt)) { /* integer dot products with the quantized query, heads four, two, one at a time */
         const ptrdiff_t qs = hd / 32 * LC_QQ_BYTES, nb = hd / 32;
         for (; j + 8 <= n; j += 8) {
+            lc_att_prefetch_rows(K, j + LC_ATT_PF_KROWS, j + LC_ATT_PF_KROWS + 8, n, rb);
             for (g = 0; g < G4; g += 4)
                 LC_ATTQ_CALL(4, fmt)(qq + g * qs, qs, dq + g * nb, K, j, hd, scale, scores + g * ss, ss);
             for (; g + 2 <= G; g += 2)
@@ -640,6 +616,7 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
                 scores[g * ss + j] = lc_attq_dot(qq + g * qs, dq + g * nb, (const char *)K + j * rb, hd, fmt) * scale;
     } else {
         for (; j + 8 <= n; j += 8) {
+            lc_att_prefetch_rows(K, j + LC_ATT_PF_KROWS, j + LC_ATT_PF_KROWS + 8, n, rb);
             for (g = 0; g + 2 <= G; g += 2)
                 lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, scores + g * ss,
                                       scores + (g + 1) * ss, fmt);
@@ -649,9 +626,11 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
             for (g = 0; g < G; g++)
                 scores[g * ss + j] = lc_att_dot(q + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
     }
+    lc_att_prefetch_rows(V, first, first + vrows, n, rb);
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
     for (j = first; j < n; j += vrows) {
         const ptrdiff_t nr = n - j < vrows ? n - j : vrows;
+        lc_att_prefetch_rows(V, j + vrows, j + 2 * vrows, n, rb);
         for (g = 0; g < G4; g += 4)
             lc_att_values_acc4(scores + g * ss + j, ss, V, j, nr, hd, out + g * hd, j == first, fmt);
         for (; g + 2 <= G; g += 2)
@@ -669,7 +648,8 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
 }
 
 /* G query heads sharing one KV head (the layout of lc_attend_group_pass, any G >= 1): grouped where the
- * SIMD kernel runs, else lc_attend_impl head by head. */
+ * SIMD kernel runs, else lc_attend_impl head by head. Deep into a context even one head (G = 1) reads its
+ * rows in the grouped kernel's blocks, with its prefetches. */
 LC_ATT_INLINE void lc_attend_group_impl(const float *q, const char *qq, const void *K, const void *V,
                                         ptrdiff_t first, ptrdiff_t last, ptrdiff_t hd, ptrdiff_t G, float scale,
                                         float softcap, float *scores, ptrdiff_t ss, float *out, int fmt) {
@@ -677,7 +657,7 @@ LC_ATT_INLINE void lc_attend_group_impl(const float *q, const char *qq, const vo
     /* the query blocks' scales as floats, head g's at dq + g * nb */
     float dq[LC_KV_QUANT(fmt) ? G * nb : 1];
     for (ptrdiff_t b = 0; b < G * nb; b++) dq[b] = _cvtsh_ss(lc_kvq_d(qq + b * LC_QQ_BYTES));
-    if (LC_ATT_SIMD && G > 1 && hd % 8 == 0) {
+    if (LC_ATT_SIMD && hd % 8 == 0) {
         for (ptrdiff_t g0 = 0; g0 < G; g0 += LC_ATT_GROUP_MAX)
             lc_attend_group_pass(q + g0 * hd, qq + g0 * qs, dq + g0 * nb, K, V, first, last, hd,
                                  G - g0 < LC_ATT_GROUP_MAX ? G - g0 : LC_ATT_GROUP_MAX, scale, softcap,

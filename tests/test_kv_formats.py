@@ -98,14 +98,15 @@ def test_attention_over_quantized_rows_matches_numpy(name, softcap, hd, heads, f
 
 def test_grouped_attention_over_quantized_rows_many_heads_and_blocks():
     # 18 heads (two passes of the grouped kernel) and more V rows than one 16 KB block (481 Q8_0 rows of
-    # 64 values), each head bit for bit the one-head kernel and close to numpy.
+    # 64 values), each head bit for bit the one-head kernel and close to numpy; the grouped call streams
+    # (requests its rows ahead, as decoding does).
     rng = np.random.default_rng(11)
     for name in QFMTS:
         for hd in (64, 96):
             K = testing.py_store_kv_rows(rng.standard_normal((700, hd)).astype(np.float32), FMT[name])
             V = testing.py_store_kv_rows(rng.standard_normal((700, hd)).astype(np.float32), FMT[name])
             q = rng.standard_normal((18, hd)).astype(np.float32)
-            got = testing.py_attend_group(q, K, V, 21, 698, 0.125, kv_fmt=FMT[name])
+            got = testing.py_attend_group(q, K, V, 21, 698, 0.125, kv_fmt=FMT[name], stream=True)
             one = np.stack(
                 [testing.py_attend(q[h], K, V, 21, 698, 0.125, kv_fmt=FMT[name]) for h in range(18)]
             )

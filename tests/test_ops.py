@@ -97,6 +97,7 @@ def test_attention_rejects_bad_range():
 # 72 one 64-column pass and then the one-vector path, 12 the plain loops. The ranges leave 0..7 positions
 # after the blocks of 8, and windows start past 0; 37 cached positions make each head's scores row odd-sized.
 # Heads go through the kernel's steps four (head_dim a multiple of 32), two and one at a time: 7 takes all.
+# The grouped call streams (requests rows ahead, as decoding does), the one-head calls do not: same bits.
 @pytest.mark.parametrize("kv", [np.float32, np.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("head_dim", [64, 72, 256, 12])
@@ -111,23 +112,25 @@ def test_grouped_attention_is_bitwise_the_one_head_kernel(kv, softcap, head_dim,
     V = rng.standard_normal((37, head_dim)).astype(kv)
     q = rng.standard_normal((heads, head_dim)).astype(np.float32)
     scale = 1.0 / np.sqrt(head_dim)
-    got = testing.py_attend_group(q, K, V, first, last, scale, softcap)
+    got = testing.py_attend_group(q, K, V, first, last, scale, softcap, stream=True)
     want = np.stack([testing.py_attend(q[h], K, V, first, last, scale, softcap) for h in range(heads)])
     assert np.array_equal(got, want)
 
 
 def test_grouped_attention_over_many_heads_and_positions():
     # More heads than one pass of the kernel takes (16), and more V rows than one block (16 KB of rows:
-    # 128 half rows of 64 values), with the one-vector column path (72) too.
+    # 128 half rows of 64 values), with the one-vector column path (72) too; streaming or not, and with
+    # the last rows' requests clipped at the end of the range.
     rng = np.random.default_rng(8)
     for kv in (np.float32, np.float16):
         for head_dim in (64, 72):
             K = rng.standard_normal((300, head_dim)).astype(kv)
             V = rng.standard_normal((300, head_dim)).astype(kv)
             q = rng.standard_normal((18, head_dim)).astype(np.float32)
-            got = testing.py_attend_group(q, K, V, 21, 298, 0.125)
             want = np.stack([testing.py_attend(q[h], K, V, 21, 298, 0.125) for h in range(18)])
-            assert np.array_equal(got, want)
+            for stream in (False, True):
+                got = testing.py_attend_group(q, K, V, 21, 298, 0.125, stream=stream)
+                assert np.array_equal(got, want)
 
 
 def test_grouped_attention_rejects_bad_shapes():

@@ -36,7 +36,7 @@ cdef enum:
 cdef Py_ssize_t kv_row_bytes(int kv_fmt, Py_ssize_t n) noexcept nogil
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
-                       Py_ssize_t scores_stride, float* out, int kv_fmt) noexcept nogil
+                       Py_ssize_t scores_stride, float* out, int kv_fmt, bint stream) noexcept nogil
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil
 
 

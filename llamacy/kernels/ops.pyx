@@ -22,7 +22,7 @@ cdef extern from "attention.h" nogil:
     void lc_attend_group(const float* q, const char* qq, const void* K, const void* V, Py_ssize_t first,
                          Py_ssize_t last,
                          Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores,
-                         Py_ssize_t ss, float* out, int fmt)
+                         Py_ssize_t ss, float* out, int stream, int fmt)
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -144,14 +144,15 @@ cdef Py_ssize_t kv_row_bytes(int kv_fmt, Py_ssize_t n) noexcept nogil:
 
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
-                       Py_ssize_t scores_stride, float* out, int kv_fmt) noexcept nogil:
+                       Py_ssize_t scores_stride, float* out, int kv_fmt, bint stream) noexcept nogil:
     """n_heads query heads over cached positions first..last (inclusive) of the one KV head they share, each
     cached row read once for all of them (see attention.h).
 
     K and V point at position 0 of that head's cache: rows of kv_row_bytes(kv_fmt, head_dim) bytes (ops.pxd's
     KV_* formats; head_dim a multiple of 32 for the quantized ones). q and out: n_heads rows of head_dim
     floats; head h's output is bit for bit what the one-head kernel (n_heads == 1) gives for
-    q + h * head_dim. scores: n_heads rows of scores_stride >= last+1 floats.
+    q + h * head_dim. scores: n_heads rows of scores_stride >= last+1 floats. stream: the rows are not in
+    cache (decoding), so the kernel requests them ahead of its reads; the result does not depend on it.
     """
     # Over quantized rows the scores are integer dot products with each query head quantized to Q8_0 blocks
     # (ggml's quantize_row_q8_0 reference: quantize_rows.pyx, built without -ffast-math), heads in chunks
@@ -161,7 +162,7 @@ cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t 
     cdef Py_ssize_t qs, chunk, g0, G
     if kv_fmt != KV_Q8_0 and kv_fmt != KV_Q4_0:
         lc_attend_group(q, NULL, K, V, first, last, head_dim, n_heads, scale, softcap, scores, scores_stride, out,
-                        kv_fmt)
+                        stream, kv_fmt)
         return
     qs = head_dim // 32 * 34
     chunk = QBUF_BYTES // qs
@@ -175,7 +176,7 @@ cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t 
         G = n_heads - g0 if n_heads - g0 < chunk else chunk
         q_q8_0(q + g0 * head_dim, qq, G * head_dim, False)
         lc_attend_group(q + g0 * head_dim, qq, K, V, first, last, head_dim, G, scale, softcap,
-                        scores + g0 * scores_stride, scores_stride, out + g0 * head_dim, kv_fmt)
+                        scores + g0 * scores_stride, scores_stride, out + g0 * head_dim, stream, kv_fmt)
         g0 += G
     if qq != qbuf:
         free(qq)

@@ -147,9 +147,10 @@ def _attn_cache(K, V, Py_ssize_t head_dim, int kv_fmt):
 
 
 def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0,
-              int kv_fmt=-1):
+              int kv_fmt=-1, bint stream=False):
     """K, V: [positions, head_dim] float32 or float16, or [positions, row bytes] uint8 rows of kv_fmt
-    (ops.KV_Q8_0, KV_Q4_0: py_store_kv_rows writes them)."""
+    (ops.KV_Q8_0, KV_Q4_0: py_store_kv_rows writes them). stream: as decoding calls it (rows requested ahead
+    of the reads; the same result)."""
     K, V, fmt = _attn_cache(K, V, q.shape[0], kv_fmt)
     if not (0 <= first <= last < K.shape[0]):
         raise ValueError("bad attention range")
@@ -160,12 +161,12 @@ def py_attend(float[::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale
     out = np.empty(q.shape[0], dtype=np.float32)
     cdef float[::1] s = scores, o = out
     attend_group(&q[0], &kb[0], &vb[0], first, last, q.shape[0], 1, scale, softcap, &s[0], K.shape[0], &o[0],
-                 f)
+                 f, stream)
     return out
 
 
 def py_attend_group(float[:, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last, float scale, float softcap=0.0,
-                    int kv_fmt=-1):
+                    int kv_fmt=-1, bint stream=False):
     """q: [heads, head_dim], the query heads of one KV group; K, V as for py_attend.
 
     Returns [heads, head_dim]: each row what py_attend gives for that head, bit for bit.
@@ -184,7 +185,7 @@ def py_attend_group(float[:, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last, fl
     cdef float[::1] s = scores
     cdef float[:, ::1] o = out
     attend_group(&q[0, 0], &kb[0], &vb[0], first, last, q.shape[1], q.shape[0], scale, softcap, &s[0], ss,
-                 &o[0, 0], f)
+                 &o[0, 0], f, stream)
     return out
 
 
@@ -235,7 +236,7 @@ def time_attend_decode(float[:, ::1] q, const uint8_t[:, ::1] K, const uint8_t[:
         with nogil:
             for h in range(n_kv):
                 attend_group(&q[h * G, 0], &K[c, 0], &V[c, 0], 0, last, hd, G, 0.125, 0.0,
-                             &s[h * G * (last + 1)], last + 1, &o[h * G, 0], kv_fmt)
+                             &s[h * G * (last + 1)], last + 1, &o[h * G, 0], kv_fmt, True)
                 c = c + 1 if c + 1 < K.shape[0] else 0
         times[step] = time.perf_counter() - t0
     return times

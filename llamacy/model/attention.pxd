@@ -17,6 +17,7 @@ ctypedef struct AttnJob:
     Py_ssize_t group      # query heads per KV head
     Py_ssize_t parts      # job items per KV group of a token (1: the whole group)
     Py_ssize_t n_items    # n * n_head_kv * parts
+    bint stream           # a decode-sized batch: the cached rows come from memory (ops.attend_group)
 
 
 # Every (token, query head) pair of the micro-batch attends, a KV group at a time, on up to nthreads threads.

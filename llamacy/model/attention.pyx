@@ -93,12 +93,16 @@ cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         first = first_visible(p, c.window)
         slot = kv_slot(kv, first)
         attend_group(c.s.q + (t * NH + h) * HD, kv.kl + off, kv.vl + off, slot, slot + p - first, HD,
-                     h1 - h, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.fmt)
+                     h1 - h, c.hp.attn_scale, 0.0, scores, c.n_ctx, c.s.att + (t * NH + h) * HD, kv.fmt,
+                     c.stream)
 
 
 cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthreads) noexcept nogil:
     job.window = window
     job.group = job.hp.n_head // job.kv.n_head_kv
+    # A prompt's tokens read the rows the token before them read, from cache; a decode step's come from
+    # memory (each sequence's own rows, read once).
+    job.stream = n <= KV_WARM_TOKENS
     # One item per (token, KV group): the group's heads read each cached row once. When that makes too few
     # items to keep the team busy (decoding one token: Gemma 3 270M has one group, SmolLM2 three), each
     # group splits into parts, as few as give every thread a share: items for all (a multiple of the

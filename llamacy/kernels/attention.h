@@ -297,10 +297,11 @@ LC_ATT_INLINE void lc_att_values_acc2(const float *wa, const float *wb, const vo
  * of 32): each widened V vector serves four heads. Widening a quantized value (int8 or nibble to float,
  * times the block's scale) costs about twice a half's, and with the eight query heads of a Llama-style
  * group that work, done once per pair of heads, outweighed the bytes the smaller rows save (q8_0 1.25x
- * f16's time from memory at head_dim 64). Half rows gain too: decode at depth 4000 over f16 rows (head_dim
- * 256, groups of 4) took 0.87x the time of the pairs. Per column the very fma chain of lc_att_values_acc
- * (r ascending, from zero or the parked sum), so the sums are bit for bit its. (The scores stay in pairs
- * for float rows: four heads over two rows at a time measured 1.13x slower.) */
+ * f16's time from memory at head_dim 64). Half rows gain too, from memory: decode at depth 4000 over f16 rows
+ * (head_dim 256, groups of 4) took 0.87x the time of the pairs (one run of benchmarks/bench_attention.py).
+ * Per column the very fma chain of lc_att_values_acc (r ascending, from zero or the parked sum), so the sums
+ * are bit for bit its. (The scores stay in pairs for float rows: four heads over two rows at a time took
+ * 1.13x the time in the same run.) */
 LC_ATT_INLINE void lc_att_values_acc4(const float *w, ptrdiff_t ws, const void *V, ptrdiff_t row0, ptrdiff_t nr,
                                       ptrdiff_t hd, float *acc, int init, int fmt) {
     const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);

@@ -565,10 +565,8 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
  * only cost: Gemma 3's prompt attention took 1.12x the time with them. */
 LC_ATT_INLINE void lc_att_prefetch_rows(int stream, const void *base, ptrdiff_t row0, ptrdiff_t row1,
                                         ptrdiff_t n, ptrdiff_t rb) {
-    if (!stream) return;
-    if (row1 > n) row1 = n;
-    const char *p = (const char *)base + row0 * rb, *end = (const char *)base + row1 * rb;
-    for (; p < end; p += 64) lc_prefetch(p);
+    if (stream && row1 > n) row1 = n;
+    if (stream && row1 > row0) lc_prefetch_span((const char *)base + row0 * rb, (row1 - row0) * rb);
 }
 
 /* K rows ahead of the scores step that reads them (four steps of 8; two measured slower at head_dim 64

@@ -75,7 +75,6 @@ cdef inline __m256i k6_values(__m256i a, __m256i c, __m256i hb, int j) noexcept 
 cdef void repack_klanes(const klblock* w, int nrows, Py_ssize_t nb, klanerec* dst) noexcept nogil:
     cdef const char* pf = <const char*>(w + LR * nb)  # the next tile's rows, in flight while this one repacks
     cdef Py_ssize_t pfstep = LR * sizeof(klblock)
-    cdef Py_ssize_t i
     cdef __m256i a[LR]
     cdef __m256i c[LR]
     cdef __m256i lo, hi
@@ -86,8 +85,7 @@ cdef void repack_klanes(const klblock* w, int nrows, Py_ssize_t nb, klanerec* ds
     cdef int r, j, k, n
     cdef Py_ssize_t b
     for b in range(nb):
-        for i in range(0, pfstep, 64):
-            lc_prefetch(pf + b * pfstep + i)
+        lc_prefetch_span(pf + b * pfstep, pfstep)
         for r in range(LR):
             if r < nrows:
                 blk = w + r * nb + b
@@ -323,8 +321,7 @@ cdef void klanes_dec(const klblock* w, const tshape* shape, const block_q8k* y, 
         for p in range(4):
             # a quarter of the step's prefetches with each pair of rows: in one burst they would hold the
             # load misses the rows' own loads wait for
-            for i in range(p * pfstep // 4, (p + 1) * pfstep // 4, 64):
-                lc_prefetch(pf + b * pfstep + i)
+            lc_prefetch_span(pf + b * pfstep + p * pfstep // 4, (p + 1) * pfstep // 4 - p * pfstep // 4)
             if klblock is block_q4_K or klblock is block_q5_K:
                 sm2 = k4_scales_mins2(w[2 * p * nb + b].scales, w[(2 * p + 1) * nb + b].scales)
             k_row_ints(w + 2 * p * nb + b, _mm256_castsi256_si128(sm2), y + b, nb, T, sa, oa)

@@ -42,7 +42,8 @@ cdef inline int lane_offset(const laneblock* tag) noexcept nogil:
 cdef inline int lane_raw_tok(const laneblock* tag) noexcept nogil:
     if laneblock is block_q8_0:
         return Q8_0_RAW_TOK
-    return Q4_0_RAW_TOK
+    else:
+        return Q4_0_RAW_TOK
 
 
 # The accumulator seed for one token block qy: minus the offset's share c * (sum of 4 quants) per lane, so
@@ -107,10 +108,9 @@ cdef void repack_lanes(const laneblock* w, int nrows, Py_ssize_t nb, lanerec* ds
     cdef __m256i v[8]
     cdef __m256i zero = _mm256_setzero_si256()
     cdef int r
-    cdef Py_ssize_t b, k
+    cdef Py_ssize_t b
     for b in range(nb):
-        for k in range(0, pfstep, 64):
-            lc_prefetch(pf + b * pfstep + k)
+        lc_prefetch_span(pf + b * pfstep, pfstep)
         for r in range(LR):
             if r < nrows:
                 v[r] = load_u(w + r * nb + b)
@@ -209,14 +209,13 @@ cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y,
     cdef const block_q8a* yb
     cdef float res[LR]
     cdef int p, t
-    cdef Py_ssize_t b, k
+    cdef Py_ssize_t b
     cdef const char* pf = <const char*>(w + LANE_PF_TILES * LR * nb)
     cdef Py_ssize_t pfstep = LR * sizeof(laneblock)
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
     for b in range(nb):
-        for k in range(0, pfstep, 64):
-            lc_prefetch(pf + b * pfstep + k)
+        lc_prefetch_span(pf + b * pfstep, pfstep)
         for p in range(4):
             pair_quants(w + 2 * p * nb + b, w + (2 * p + 1) * nb + b, &lo[p], &hi[p])
             dh[p] = w[2 * p * nb + b].d

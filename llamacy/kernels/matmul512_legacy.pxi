@@ -125,7 +125,7 @@ cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, con
     cdef const float* s
     cdef float mo[4]
     cdef int r, t
-    cdef Py_ssize_t b, b0, b1, k
+    cdef Py_ssize_t b, b0, b1
     cdef const char* pf = <const char*>(blk + PF_TILES * R * nb)
     cdef Py_ssize_t pfstep = R * sizeof(plblock)
     for t in range(T):
@@ -137,8 +137,7 @@ cdef void ltile(const plblock* tag, const tshape* shape, const lsource* src, con
         b1 = min(nb, b0 + SCH)
         for b in range(b0, b1):
             if lsource is from_blocks:
-                for k in range(0, pfstep, 64):
-                    lc_prefetch(pf + b * pfstep + k)
+                lc_prefetch_span(pf + b * pfstep, pfstep)
                 # [d0, m0, d1, m1, d2, m2, d3, m3]
                 dm = _mm256_cvtph_ps(_mm_set_epi32(
                     <int>load_u32(<const uint8_t*>(blk + 3 * nb + b)),
@@ -187,7 +186,7 @@ cdef void ldec(const plblock* w, const rshape* shape, const block_q8a* y, Py_ssi
     cdef const plblock* wb
     cdef const block_q8a* yb
     cdef int r
-    cdef Py_ssize_t b, k
+    cdef Py_ssize_t b
     cdef const char* pf = <const char*>(w + PF_TILES * RR * nb)
     cdef Py_ssize_t pfstep = RR * sizeof(plblock)
     for r in range(RR):
@@ -195,8 +194,7 @@ cdef void ldec(const plblock* w, const rshape* shape, const block_q8a* y, Py_ssi
         ms[r] = _mm_setzero_ps()
     for b in range(nb):
         # decode streams the weights once: prefetch the tile PF_TILES ahead at the pace this one is read
-        for k in range(0, pfstep, 64):
-            lc_prefetch(pf + b * pfstep + k)
+        lc_prefetch_span(pf + b * pfstep, pfstep)
         yb = y + b
         qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
         if rshape is row4:

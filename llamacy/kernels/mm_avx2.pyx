@@ -143,13 +143,11 @@ cdef void tile_lg(const lblock* w, const tshape* shape, const block_q8a* y, Py_s
             moff[r][t] = 0.0
     cdef const char* pf = <const char*>(w + PF_TILES * R * nb)
     cdef Py_ssize_t pfstep = R * sizeof(lblock)
-    cdef Py_ssize_t k
     if T == 1:
         for b in range(nb):
             # Decode streams the weights from memory once: prefetch the tile PF_TILES ahead at the pace
             # this one is read (R blocks' worth per step), so the loads below find it in cache.
-            for k in range(0, pfstep, 64):
-                lc_prefetch(pf + b * pfstep + k)
+            lc_prefetch_span(pf + b * pfstep, pfstep)
             yb = y + b
             qy = _mm256_loadu_si256(<const __m256i*>yb.qs)
             u = _mm_castsi128_ps(_mm_loadl_epi64(<const __m128i*>yb))  # [d_y, s, 0, 0]
@@ -315,15 +313,14 @@ cdef void tile_k(const kblock* w, const tshape* shape, const block_q8k* y, Py_ss
     cdef __m256 acc[MAXR][MAXT]
     cdef const char* pf = <const char*>(w + PF_TILES * R * nb)
     cdef Py_ssize_t pfstep = R * sizeof(kblock)
-    cdef Py_ssize_t b, k
+    cdef Py_ssize_t b
     cdef int r, t
     for r in range(R):
         for t in range(T):
             acc[r][t] = _mm256_setzero_ps()
     if T == 1 and (kblock is block_q4_K or kblock is block_q5_K or kblock is block_q6_K):
         for b in range(nb):  # decode: prefetch the weights PF_TILES tiles ahead (see tile_lg)
-            for k in range(0, pfstep, 64):
-                lc_prefetch(pf + b * pfstep + k)
+            lc_prefetch_span(pf + b * pfstep, pfstep)
             for r in range(R):
                 acc[r][0] = kdec(w + r * nb + b, y + b, acc[r][0])
         for r in range(R):
@@ -331,8 +328,7 @@ cdef void tile_k(const kblock* w, const tshape* shape, const block_q8k* y, Py_ss
         return
     for b in range(nb):
         if T == 1:  # decode: prefetch the weights PF_TILES tiles ahead (see tile_lg)
-            for k in range(0, pfstep, 64):
-                lc_prefetch(pf + b * pfstep + k)
+            lc_prefetch_span(pf + b * pfstep, pfstep)
         for r in range(R):
             unpack_kx(w + r * nb + b, &up[r])
         for t in range(T):
@@ -370,11 +366,9 @@ cdef void tile_f(const fblock* w, const tshape* shape, const float* x, Py_ssize_
         for t in range(T):
             acc[r][t] = _mm256_setzero_ps()
     cdef const char* pf = <const char*>(w + PF_TILES * R * cols)
-    cdef Py_ssize_t pk
     for k in range(0, k8, 8):
         if T == 1:  # decode streams the weights: prefetch PF_TILES tiles ahead (see tile_lg)
-            for pk in range(0, R * 8 * <Py_ssize_t>sizeof(fblock), 64):
-                lc_prefetch(pf + R * k * sizeof(fblock) + pk)
+            lc_prefetch_span(pf + R * k * sizeof(fblock), R * 8 * <Py_ssize_t>sizeof(fblock))
         for r in range(R):
             wv[r] = load8(w + r * cols + k)
         for t in range(T):

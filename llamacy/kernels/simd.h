@@ -10,6 +10,7 @@
 #ifndef LLAMACY_SIMD_H
 #define LLAMACY_SIMD_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -233,6 +234,16 @@ static inline float _mm_cvtss_f32(__m128 a) { return a.f[0]; }
 #define lc_prefetch(p) ((void)(p))
 #define lc_prefetch_l2(p) ((void)(p))
 #endif
+
+/* Every cache line of the nbytes from p on, requested as lc_prefetch / lc_prefetch_l2 request one: a tile of
+ * weights or a run of cached rows that the caller reads next. */
+static inline void lc_prefetch_span(const void *p, ptrdiff_t nbytes) {
+    for (const char *c = (const char *)p, *end = c + nbytes; c < end; c += 64) lc_prefetch(c);
+}
+
+static inline void lc_prefetch_span_l2(const void *p, ptrdiff_t nbytes) {
+    for (const char *c = (const char *)p, *end = c + nbytes; c < end; c += 64) lc_prefetch_l2(c);
+}
 
 /* Keep the compiler from fusing x into a following add (FMA contraction): dequantization must round the
    product and the sum separately, exactly as the numpy reference does. */

@@ -112,6 +112,9 @@ cdef extern from "simd.h" nogil:
     # Prefetch the cache line at p for reading (a hint; never faults).
     void lc_prefetch(const void* p)
     void lc_prefetch_l2(const void* p)
+    # Every line of the nbytes from p on.
+    void lc_prefetch_span(const void* p, Py_ssize_t nbytes)
+    void lc_prefetch_span_l2(const void* p, Py_ssize_t nbytes)
 
     # Round x to float now: stops the compiler fusing it into a following add (see simd.h).
     float lc_no_contract(float x)

@@ -8,7 +8,7 @@ from libc.stdint cimport int64_t
 
 from llamacy.kernels.ops cimport add_inplace, attend_group, rope_table
 from llamacy.kernels.parallel cimport parallel_for
-from llamacy.kernels.simd cimport lc_prefetch, lc_prefetch_l2
+from llamacy.kernels.simd cimport lc_prefetch_span, lc_prefetch_span_l2
 from llamacy.model.layout cimport KVRows, LayerT, Scratch, first_visible, kv_offset, kv_slot
 from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
 from llamacy.model.rowjobs cimport qkv_rows
@@ -32,7 +32,7 @@ cdef enum:
 
 
 cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize_t window) noexcept nogil:
-    cdef Py_ssize_t t, h, p, first, nbytes, b, off
+    cdef Py_ssize_t t, h, p, first, nbytes, off
     cdef Py_ssize_t budget = KV_WARM_BYTES
     if n > KV_WARM_TOKENS:
         return
@@ -45,9 +45,8 @@ cdef void warm_kv(const KVRows* kv, Py_ssize_t n, Py_ssize_t n_head_kv, Py_ssize
             if budget < 0:
                 return
             off = kv_offset(kv, t, h, kv_slot(kv, first))
-            for b in range(0, nbytes, 64):
-                lc_prefetch_l2(kv.kl + off + b)
-                lc_prefetch_l2(kv.vl + off + b)
+            lc_prefetch_span_l2(kv.kl + off, nbytes)
+            lc_prefetch_span_l2(kv.vl + off, nbytes)
 
 
 cdef inline void _item_heads(const AttnJob* c, Py_ssize_t item, Py_ssize_t* t, Py_ssize_t* h0,
@@ -62,15 +61,14 @@ cdef inline void _item_heads(const AttnJob* c, Py_ssize_t item, Py_ssize_t* t, P
 
 cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nogil:
     cdef const KVRows* kv = c.kv
-    cdef Py_ssize_t t, h, h1, p, b
+    cdef Py_ssize_t t, h, h1, p
     _item_heads(c, item, &t, &h, &h1)
     p = kv.pos[t]
     cdef Py_ssize_t first = first_visible(p, c.window)
     cdef Py_ssize_t off = kv_offset(kv, t, h // c.group, kv_slot(kv, first))
     cdef Py_ssize_t nbytes = min(<Py_ssize_t>ATTN_PF_BYTES, (p - first + 1) * kv.row_bytes)
-    for b in range(0, nbytes, 64):
-        lc_prefetch(kv.kl + off + b)
-        lc_prefetch(kv.vl + off + b)
+    lc_prefetch_span(kv.kl + off, nbytes)
+    lc_prefetch_span(kv.vl + off, nbytes)
 
 
 cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:

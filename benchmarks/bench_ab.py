@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_ab.py --a /path/to/old/checkout --b . --rounds 5
     python3 benchmarks/bench_ab.py --ref-bench /path/to/llama-bench --b . --rounds 5   # A = native reference
+    python3 benchmarks/bench_ab.py --a . --a-env LLAMACY_REPACK=0 --b . -m FILE      # one tree, two settings
 
 Each tree must hold built extensions (`make build` there, or copied .so files). Every round runs A then B
 (B then A on odd rounds, so that a machine warming up or slowing down hits both alike), each in a fresh
@@ -26,8 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference import find_bench, run_bench
 
 
-def run_tree(tree: Path, model: str, p: str, n: str, threads: str, reps: int) -> dict[tuple, float]:
-    env = dict(os.environ, PYTHONPATH=str(tree))
+def run_tree(
+    tree: Path, model: str, p: str, n: str, threads: str, reps: int, extra_env: dict[str, str]
+) -> dict[tuple, float]:
+    env = dict(os.environ, PYTHONPATH=str(tree), **extra_env)
     cmd = [sys.executable, "-m", "llamacy", "bench", "-m", model, "-p", p, "-n", n, "-t", threads]
     cmd += ["-r", str(reps), "-o", "json"]
     out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True).stdout
@@ -65,7 +68,21 @@ def main() -> None:
     ap.add_argument("-t", default="1,2")
     ap.add_argument("-r", type=int, default=2, help="repetitions inside each bench process")
     ap.add_argument("--rounds", type=int, default=3)
+    for side in ("a", "b"):
+        ap.add_argument(
+            f"--{side}-env",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"environment variable for {side.upper()}'s runs (repeatable)",
+        )
     args = ap.parse_args()
+    envs = {}
+    for side in ("a", "b"):
+        pairs = getattr(args, f"{side}_env")
+        if any("=" not in kv for kv in pairs):
+            ap.error(f"--{side}-env takes KEY=VALUE")
+        envs[side] = dict(kv.split("=", 1) for kv in pairs)
     native = find_bench(args.ref_bench) if args.a is None else None
     if args.a is None and native is None:
         ap.error("give --a TREE, or --ref-bench (or $LLAMACY_REF_BENCH) for the native reference")
@@ -77,7 +94,7 @@ def main() -> None:
         commit = run_bench(native, model_path(args.models.split(",")[0]), 1, 0, 1, 1).commit
         print(f"A = native reference {native} (llama.cpp {commit})\nB = {b}\n")
     else:
-        print(f"A = {a}\nB = {b}\n")
+        print(f"A = {a} {envs['a'] or ''}\nB = {b} {envs['b'] or ''}\n")
     print("| model | threads | test | A t/s (median) | B t/s (median) | B/A per round | B/A median |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
     for model in [m for m in args.models.split(",") if m]:
@@ -88,7 +105,8 @@ def main() -> None:
                 if side == "a" and native is not None:
                     got = run_native(native, model, args.p, args.n, args.t, args.r)
                 else:
-                    got = run_tree(a if side == "a" else b, model, args.p, args.n, args.t, args.r)
+                    tree = a if side == "a" else b
+                    got = run_tree(tree, model, args.p, args.n, args.t, args.r, envs[side])
                 for key, ts in got.items():
                     samples[side].setdefault(key, []).append(ts)
         for key in sorted(samples["a"]):

@@ -162,6 +162,19 @@ class GGUFFile:
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
+    def release(self, tensor: GGUFTensor) -> None:
+        """Tell the kernel this process no longer reads `tensor`'s pages (a copy replaced it: repack.py):
+        they leave its resident set and stay in the page cache, reclaimable. Reading them again later
+        only faults them back in."""
+        if not 0 <= tensor.part < len(self._maps) or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = -(-tensor.offset // page) * page
+        end = (tensor.offset + tensor.n_bytes) // page * page
+        if end > start:
+            with contextlib.suppress(OSError, ValueError):
+                self._maps[tensor.part].madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def close(self) -> None:
         """Drop this object's hold on the mappings (its metadata and tensors become empty).
 

@@ -20,7 +20,10 @@ from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
 from llamacy.kernels.simd cimport HAVE_SIMD
-from llamacy.kernels.traits cimport traits_row_bytes, type_traits, type_traits_of, unknown_type, vec_dot_fn
+from llamacy.kernels.blocks cimport T_Q4_0
+from llamacy.kernels.traits cimport (
+    q4_0_x8_slot, traits_row_bytes, type_traits, type_traits_of, unknown_type, vec_dot_fn,
+)
 
 from llamacy.kernels.parallel import ensure_threads
 from llamacy.kernels.traits import row_bytes
@@ -38,6 +41,7 @@ from llamacy.kernels.traits import row_bytes
 # LLAMACY_NO_AVX512 (tests and benchmarks compare the two paths in one process).
 cdef enum:
     IMPL_VNNI = 3
+    IMPL_Q4_0_X8 = 4  # Q4_0 repacked at load into 8-row tiles (matmul_q4_0_x8)
 
 cdef bint _vnni_found = False  # matmul512 filled in the table's mm_vnni column (this CPU and build)
 cdef bint _vnni_on = False     # matmul() uses it: _vnni_found unless LLAMACY_NO_AVX512=1
@@ -71,6 +75,12 @@ if AVX512_STATUS == "available":
 def vnni_available():
     """True if the AVX-512 VNNI kernels can run here (CPU and build), whether or not matmul uses them."""
     return _vnni_found
+
+
+def x8_available():
+    """True if matmul reads Q4_0 weights repacked into 8-row tiles (kernels/repack.pyx) here: the VNNI
+    kernels are on (this CPU, this build, LLAMACY_NO_AVX512 unset)."""
+    return _vnni_on and q4_0_x8_slot()[0] != NULL
 
 
 def kernel_path():
@@ -139,6 +149,8 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         unknown_type(b"matmul", wtype)
     if rows <= 0 or n_tok <= 0:
         return
+    if impl == IMPL_Q4_0_X8 and q4_0_x8_slot()[0] == NULL:
+        unknown_type(b"matmul of 8-row Q4_0 tiles (AVX-512 VNNI only)", wtype)
     if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
         # Decode and small batches stream the weights from memory: one contiguous range per thread keeps
         # each thread's reads one sequential stream for the prefetchers. Prefill is compute-bound: eight
@@ -157,6 +169,9 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         job.impl = impl
         parallel_for(_mm_task, &job, (rows + job.chunk_rows - 1) // job.chunk_rows, 1, nthreads)
         return
+    if impl == IMPL_Q4_0_X8:
+        q4_0_x8_slot()[0](W, rows, cols, xq, n_tok, Y, ldy)
+        return
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if vnni and tt.mm_vnni != NULL and tt.mm_vnni(W, rows, cols, xq, n_tok, Y, ldy):
         return
@@ -170,6 +185,11 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
 cdef void matmul(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
                  const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
     matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_AUTO)
+
+
+cdef void matmul_q4_0_x8(const uint8_t* W, Py_ssize_t rows, Py_ssize_t cols, const void* xq, Py_ssize_t n_tok,
+                         float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    matmul_impl(W, T_Q4_0, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_Q4_0_X8)
 
 
 # =========================================================================================================
@@ -264,6 +284,31 @@ def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto", out=None):
     cdef int c = code
     with nogil:
         matmul_impl(&wv[0, 0], wtype, rows, cols, &qv[0, 0], n, &yv[0, 0], ldy, nthreads, c)
+    return Y
+
+
+def matmul_q4_0_x8_py(W_tiles, Py_ssize_t rows, x, int nthreads=1):
+    """Y[n, rows] = x[n, cols] @ W.T for a Q4_0 matrix repacked by repack.repack_q4_0_x8 (flat uint8, rows
+    a multiple of 8), through the kernel the model runs for it."""
+    if not x8_available():
+        raise ValueError(f"8-row Q4_0 tiles need the AVX-512 VNNI kernels: {AVX512_STATUS}")
+    xa = _activations(x)
+    cdef Py_ssize_t cols = xa.shape[1], n = xa.shape[0]
+    from llamacy.kernels.repack import q4_0_x8_fits
+
+    Wa = np.ascontiguousarray(W_tiles).view(np.uint8).reshape(-1)
+    if not q4_0_x8_fits(rows, cols) or Wa.shape[0] != rows * row_bytes(T_Q4_0, cols):
+        raise ValueError(f"W_tiles must be the {rows} x {cols} tiles repack_q4_0_x8 makes")
+    if nthreads < 1:
+        raise ValueError(f"nthreads must be >= 1, got {nthreads}")
+    nthreads = min(nthreads, ensure_threads(nthreads))
+    xq = _quantize(T_Q4_0, xa, IMPL_AUTO)
+    Y = np.zeros((n, rows), dtype=np.float32)
+    cdef const uint8_t[::1] wv = Wa
+    cdef const uint8_t[:, ::1] qv = xq
+    cdef float[:, ::1] yv = Y
+    with nogil:
+        matmul_q4_0_x8(&wv[0], rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads)
     return Y
 
 

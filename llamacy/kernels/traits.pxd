@@ -29,6 +29,10 @@ ctypedef struct type_traits:
 
 # The row of GGML type `wtype`; NULL if the kernels do not compute with it.
 cdef const type_traits* type_traits_of(int wtype) noexcept nogil
+# The product of Q4_0 rows repacked at load into 8-row tiles (repack.pyx's layout; matmul512_x8.pxi): the
+# one kernel that reads that layout, written by matmul512 where it loads; NULL elsewhere, where nothing is
+# repacked (model/repack.py asks matmul.x8_available first).
+cdef mm_try_fn* q4_0_x8_slot() noexcept nogil
 # For matmul512 only, to fill in its column.
 cdef type_traits* writable_traits(int wtype) noexcept nogil
 # Bytes of a row of `cols` values (a whole number of blocks) of the type of row `tt`.

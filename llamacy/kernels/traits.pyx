@@ -11,12 +11,13 @@ from llamacy.kernels.blocks cimport *
 from llamacy.kernels.dequant cimport *
 from llamacy.kernels.mm_avx2 cimport mm_avx2
 from llamacy.kernels.quantize_rows cimport *
-from llamacy.kernels.traits cimport from_float_fn, mm_fn, to_float_fn, type_traits, vec_dot_fn
+from llamacy.kernels.traits cimport from_float_fn, mm_fn, mm_try_fn, to_float_fn, type_traits, vec_dot_fn
 from llamacy.kernels.vecdot cimport *
 
 from llamacy import ggml_types
 
 cdef type_traits TRAITS[N_TYPE_IDS]
+cdef mm_try_fn Q4_0_X8 = NULL
 
 
 cdef void row(int t, const char* name, Py_ssize_t blck_size, Py_ssize_t type_size, int act,
@@ -68,6 +69,10 @@ cdef const type_traits* type_traits_of(int wtype) noexcept nogil:
     if wtype < 0 or wtype >= N_TYPE_IDS or TRAITS[wtype].blck_size == 0:
         return NULL
     return &TRAITS[wtype]
+
+
+cdef mm_try_fn* q4_0_x8_slot() noexcept nogil:
+    return &Q4_0_X8
 
 
 cdef type_traits* writable_traits(int wtype) noexcept nogil:

@@ -168,6 +168,7 @@ cdef class BoundWeights:
         if m is None:  # a matrix this layer does not have: rows 0
             w.data = NULL
             w.type = 0
+            w.layout = 0
             w.rows = 0
             w.cols = 0
             w.row_bytes = 0
@@ -180,6 +181,7 @@ cdef class BoundWeights:
         self._keep.append(m.data)
         w.data = &mv[0]
         w.type = m.type
+        w.layout = m.layout
         w.rows = m.rows
         w.cols = m.cols
         w.row_bytes = m.row_bytes

@@ -19,6 +19,7 @@ from llamacy.kernels.ops cimport dot_f32
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_format, act_row_bytes
 from llamacy.model.layout cimport HParams, LayerT, WeightT
+from llamacy.model.products cimport weight_matmul
 from llamacy.model.rowjobs cimport RowJob, act_rows, quant_rows
 
 import numpy as np
@@ -162,7 +163,7 @@ cdef void _gather(MoeJob* M, RowJob* rj, const WeightT* w, const float* xn, uint
 cdef void _dense(RowJob* rj, const WeightT* w, const float* x, Py_ssize_t ldx, uint8_t* aq, Py_ssize_t n,
                  float* y, int nthreads) noexcept nogil:
     quant_rows(rj, w, x, ldx, aq, n, nthreads)
-    matmul(w.data, w.type, w.rows, w.cols, aq, n, y, w.rows, nthreads)
+    weight_matmul(w, aq, n, y, w.rows, nthreads)
 
 
 cdef void _shared(MoeJob* M, RowJob* rj, const LayerT* L, const float* xn, float* out, Py_ssize_t n,

@@ -23,6 +23,9 @@ ctypedef struct Products:
     double last_mark
 
 
+# y[t * ldy + r] = w row r . aq row t (aq: n rows already quantized for w), in w's layout.
+cdef void weight_matmul(const WeightT* w, const void* aq, Py_ssize_t n, float* y, Py_ssize_t ldy,
+                        int nthreads) noexcept nogil
 # Adds the time since the last mark to stage `kind` (when profiling).
 cdef void lap(Products* p, int kind) noexcept nogil
 cdef double now() noexcept nogil

@@ -3,8 +3,9 @@
 
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from llamacy.kernels.matmul cimport matmul
+from llamacy.kernels.matmul cimport matmul, matmul_q4_0_x8
 from llamacy.kernels.quant cimport act_format
+from llamacy.model.layout cimport LAYOUT_Q4_0_X8
 from llamacy.model.rowjobs cimport quant_rows
 
 
@@ -12,6 +13,14 @@ cdef double now() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef void weight_matmul(const WeightT* w, const void* aq, Py_ssize_t n, float* y, Py_ssize_t ldy,
+                        int nthreads) noexcept nogil:
+    if w.layout == LAYOUT_Q4_0_X8:
+        matmul_q4_0_x8(w.data, w.rows, w.cols, aq, n, y, ldy, nthreads)
+    else:
+        matmul(w.data, w.type, w.rows, w.cols, aq, n, y, ldy, nthreads)
 
 
 cdef void lap(Products* p, int kind) noexcept nogil:
@@ -31,5 +40,5 @@ cdef void product(Products* p, const WeightT* w, const float* x, Py_ssize_t ldx,
         if last_fmt != NULL:
             last_fmt[0] = fmt
         lap(p, P_QUANT)
-    matmul(w.data, w.type, w.rows, w.cols, p.rj.s.aq, n, y, w.rows, nthreads)
+    weight_matmul(w, p.rj.s.aq, n, y, w.rows, nthreads)
     lap(p, kind)

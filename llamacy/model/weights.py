@@ -7,6 +7,7 @@ Weights stay in the memory-mapped file; only the small norm and bias vectors are
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +23,15 @@ Vector = np.ndarray  # float32, contiguous
 
 @dataclass(frozen=True, slots=True)
 class Matrix:
-    """`rows` stored rows of `cols` values of GGML type `type`, in place in the file's mapping."""
+    """`rows` stored rows of `cols` values of GGML type `type`, in place in the file's mapping, or
+    repacked at load (layout: repack.py's LAYOUT_*, 0 for the file's own)."""
 
     data: Any  # a uint8 buffer of at least rows * row_bytes bytes
     type: int
     rows: int
     cols: int
     row_bytes: int
+    layout: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +50,15 @@ class WeightBinder:
     type checked; a required one missing, or a tensor in the file that no declaration reads (which the
     engine would silently ignore), is a one-line error naming it."""
 
-    def __init__(self, gguf: Any, cfg: ModelConfig) -> None:
+    def __init__(self, gguf: Any, cfg: ModelConfig, repack: bool | None = None) -> None:
+        """repack: rewrite the matrices whose kernels read another layout faster (repack.py); None: where
+        this CPU has such kernels and LLAMACY_REPACK is not 0."""
+        self.gguf = gguf
         self.tensors = gguf.tensors
         self.cfg = cfg
         self.source = str(gguf.path)
+        self.repack = repack
+        self._file: tuple | None = None  # the file's identity, for sharing repacked matrices (bind)
 
     def _tensor(self, name: str, optional: bool = False) -> Any:
         t = self.tensors.get(name)
@@ -118,7 +126,12 @@ class WeightBinder:
 
     def bind(self) -> ModelWeights:
         from llamacy.model.archs import ARCHITECTURES
+        from llamacy.model.repack import repack_enabled
 
+        if self.repack is None:
+            self.repack = repack_enabled()
+        if self.repack:
+            self._file = _file_identity(self.source)
         c = self.cfg
         arch = ARCHITECTURES[c.arch]
         used: set[str] = set()
@@ -144,14 +157,47 @@ class WeightBinder:
             used.add(spec.name)
         return out
 
+    def _repacked(self, field: str, name: str, m: Matrix) -> Matrix:
+        """m in the layout its kernel reads fastest (repack.py), its file pages then released."""
+        from llamacy.model import default_threads
+        from llamacy.model.repack import ROW_READ_FIELDS, repacked
+
+        if field in ROW_READ_FIELDS:
+            return m
+        t = self.tensors[name]
+        got = repacked(m.type, m.rows, m.cols, m.data, default_threads(), self._source_key(t))
+        if got is None:
+            return m
+        if hasattr(self.gguf, "release"):
+            self.gguf.release(t)
+        return Matrix(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])
+
+    def _source_key(self, t: Any) -> tuple | None:
+        """Where tensor t's bytes come from (file, size, mtime, part, offset); None if that is unknown."""
+        offset = getattr(t, "offset", None)
+        if self._file is None or offset is None:
+            return None
+        return (*self._file, getattr(t, "part", 0), offset)
+
     def _bind(self, spec: TensorSpec) -> Matrix | Vector | None:
         if spec.kind == MATRIX:
-            return self.matrix(spec.name, *spec.shape, optional=spec.optional)
+            m = self.matrix(spec.name, *spec.shape, optional=spec.optional)
+            if m is not None and self.repack:
+                m = self._repacked(spec.field, spec.name, m)
+            return m
         if spec.kind == EXPERTS:
             return self.experts(spec.name, spec.shape[1], spec.shape[2], optional=spec.optional)
         if len(spec.shape) == 2:
             return self.vector(spec.name, spec.shape[0] * spec.shape[1], spec.optional, spec.shape)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
+
+
+def _file_identity(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Q4_0 weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py, matmul512_x8.pxi).
+"""Q4_0 and Q4_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
+matmul512_x8.pxi).
 
 The tiles must give the very bits the stored rows give, on every path (decode, few tokens, prompt chunks)
 and thread count, in a kernel call and in a whole model; the layout is checked byte for byte against a
@@ -15,18 +16,20 @@ from llamacy.engine import Llama
 from llamacy.kernels import matmul as mm
 from llamacy.kernels import quantize as qz
 from llamacy.kernels import repack as rp
-from llamacy.model.repack import LAYOUT_Q4_0_X8, LAYOUT_STORED, repack_enabled
+from llamacy.model.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED, repack_enabled
 
-needs_x8 = pytest.mark.skipif(not mm.x8_available(), reason="8-row Q4_0 tiles need AVX-512 VNNI")
+needs_tiles = pytest.mark.skipif(not mm.tiles_available(), reason="8-row tiles need AVX-512 VNNI")
+LAYOUT = {QT.Q4_0: LAYOUT_Q4_0_X8, QT.Q4_K: LAYOUT_Q4_K_X8}
+TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_K], ids=lambda t: t.name)
 
 
-def _q4_0(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+def _quantized(wtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    return qz.quantize(int(QT.Q4_0), w)
+    return qz.quantize(int(wtype), w)
 
 
-def _tiles_numpy(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """The layout as stated in matmul512_x8.pxi: per 8 rows and block, the 8 fp16 scales, then for each
+def _q4_0_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q4_0's layout as stated in matmul512_x8.pxi: per 8 rows and block, the 8 fp16 scales, then for each
     4-byte group g of the quants the 8 rows' bytes 4g..4g+3 side by side."""
     nb = cols // 32
     blocks = raw.reshape(rows // 8, 8, nb, 18)
@@ -35,50 +38,91 @@ def _tiles_numpy(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return np.concatenate([scales, quants.reshape(rows // 8, nb, 128)], axis=2).reshape(-1)
 
 
-@pytest.mark.parametrize(("rows", "cols"), [(8, 32), (24, 96), (64, 256)])
-def test_layout_is_the_stated_one(rows, cols):
-    raw = _q4_0(rows, cols)
-    tiles = rp.repack_q4_0_x8(raw, rows, cols, 2)
-    assert tiles.nbytes == raw.nbytes
-    np.testing.assert_array_equal(tiles, _tiles_numpy(raw, rows, cols))
+def _scales_mins_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., 12] packed bytes -> ([..., 8] scales, [..., 8] mins): ggml's get_scale_min_k4."""
+    q = q.astype(np.uint16)
+    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc.astype(np.uint8), mn.astype(np.uint8)
+
+
+def _q4_k_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q4_K's layout as stated in matmul512_x8.pxi (kx8rec): per 8 rows and super-block, q[k][g] = the 8
+    rows' qs bytes 32k+4g..32k+4g+3 side by side; sc[j][r]; mn[k] = (min 2k, min 2k+1) per row; d; dmin."""
+    nb = cols // 256
+    blocks = raw.reshape(rows // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # [tile, block, row, bytes]
+    q = blocks[..., 16:].reshape(rows // 8, nb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    sc, mn = _scales_mins_k4(blocks[..., 4:16])  # [tile, block, row, 8]
+    mn_pairs = mn.reshape(rows // 8, nb, 8, 4, 2).transpose(0, 1, 3, 2, 4)
+    parts = [
+        q.reshape(rows // 8, nb, 1024),
+        sc.transpose(0, 1, 3, 2).reshape(rows // 8, nb, 64),
+        mn_pairs.reshape(rows // 8, nb, 64),
+        blocks[..., 0:2].reshape(rows // 8, nb, 16),
+        blocks[..., 2:4].reshape(rows // 8, nb, 16),
+    ]
+    return np.concatenate(parts, axis=2).reshape(-1)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(8, 256), (24, 512), (64, 768)])
+@TYPES
+def test_layout_is_the_stated_one(wtype, rows, cols):
+    raw = _quantized(wtype, rows, cols)
+    tiles, layout = rp.repack_tiles(int(wtype), raw, rows, cols, 2)
+    assert layout == LAYOUT[wtype] == rp.tile_layout(int(wtype), rows, cols)
+    if wtype == QT.Q4_0:
+        assert tiles.nbytes == raw.nbytes
+        np.testing.assert_array_equal(tiles, _q4_0_tiles(raw, rows, cols))
+    else:
+        assert tiles.nbytes == rows * cols // 256 * 148
+        np.testing.assert_array_equal(tiles, _q4_k_tiles(raw, rows, cols))
 
 
 def test_shapes_that_do_not_tile_are_refused():
-    raw = _q4_0(12, 64)
-    assert not rp.q4_0_x8_fits(12, 64)
+    raw = _quantized(QT.Q4_0, 12, 64)
+    assert rp.tile_layout(int(QT.Q4_0), 12, 64) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q8_0), 16, 64) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q4_K), 16, 128) == LAYOUT_STORED
     with pytest.raises(ValueError, match="does not tile"):
-        rp.repack_q4_0_x8(raw, 12, 64)
+        rp.repack_tiles(int(QT.Q4_0), raw, 12, 64)
     with pytest.raises(ValueError, match="does not tile"):
-        rp.repack_q4_0_x8(raw, 8, 48)
+        rp.repack_tiles(int(QT.Q4_0), raw, 8, 48)
     with pytest.raises(ValueError, match="fewer than"):
-        rp.repack_q4_0_x8(raw[:4], 8, 64)
+        rp.repack_tiles(int(QT.Q4_0), raw[:4], 8, 64)
+    with pytest.raises(ValueError, match="fewer than"):
+        rp.repack_tiles(int(QT.Q4_K), _quantized(QT.Q4_K, 8, 256)[:7], 8, 256)
 
 
-@needs_x8
-@pytest.mark.parametrize(("rows", "cols"), [(8, 32), (48, 96), (256, 512)])
-def test_tiles_give_the_stored_rows_bits(rows, cols):
+@needs_tiles
+@pytest.mark.parametrize(("rows", "cols"), [(8, 256), (48, 512), (256, 1024)])
+@TYPES
+def test_tiles_give_the_stored_rows_bits(wtype, rows, cols):
     """Every token count either side of the kernel's limits (4-token tiles, the 64-token chunk) and 1 and
     2 threads: bit for bit what the stored rows give through matmul."""
-    raw = _q4_0(rows, cols, seed=rows)
-    tiles = rp.repack_q4_0_x8(raw, rows, cols, 1)
+    raw = _quantized(wtype, rows, cols, seed=rows)
+    tiles, layout = rp.repack_tiles(int(wtype), raw, rows, cols, 1)
     rng = np.random.default_rng(cols)
     for n in (1, 2, 3, 4, 5, 7, 8, 9, 13, 63, 64, 65, 130):
         x = (rng.standard_normal((n, cols)) * rng.uniform(0.1, 10, (n, 1))).astype(np.float32)
-        want = mm.matmul_py(raw, int(QT.Q4_0), x)
+        want = mm.matmul_py(raw, int(wtype), x)
         for threads in (1, 2):
-            got = mm.matmul_q4_0_x8_py(tiles, rows, x, nthreads=threads)
+            got = mm.matmul_tiled_py(tiles, layout, rows, x, nthreads=threads)
             np.testing.assert_array_equal(got, want, err_msg=f"n={n} threads={threads}")
 
 
-@needs_x8
+@needs_tiles
 def test_tile_product_checks_its_operands():
-    raw = _q4_0(16, 64)
-    tiles = rp.repack_q4_0_x8(raw, 16, 64)
+    raw = _quantized(QT.Q4_0, 16, 64)
+    tiles, layout = rp.repack_tiles(int(QT.Q4_0), raw, 16, 64)
     x = np.ones((2, 64), np.float32)
     with pytest.raises(ValueError, match="tiles"):
-        mm.matmul_q4_0_x8_py(tiles[:-1], 16, x)
+        mm.matmul_tiled_py(tiles[:-1], layout, 16, x)
     with pytest.raises(ValueError, match="tiles"):
-        mm.matmul_q4_0_x8_py(tiles, 12, x)
+        mm.matmul_tiled_py(tiles, layout, 12, x)
+    with pytest.raises(ValueError, match="tiles"):
+        mm.matmul_tiled_py(tiles, LAYOUT_Q4_K_X8, 16, x)
+    with pytest.raises(ValueError, match="layout"):
+        mm.matmul_tiled_py(tiles, 7, 16, x)
 
 
 def _layouts(llm) -> dict[str, int]:
@@ -96,16 +140,17 @@ def test_repack_off_by_environment(monkeypatch):
     monkeypatch.setenv("LLAMACY_REPACK", "0")
     assert not repack_enabled()
     monkeypatch.delenv("LLAMACY_REPACK")
-    assert repack_enabled() == mm.x8_available()
+    assert repack_enabled() == mm.tiles_available()
 
 
-@needs_x8
-@pytest.mark.parametrize("tied", [True, False])
-def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, tied):
-    """A Q4_0 model loaded repacked and as stored: the same logits bit for bit, whole prompt, micro-batches
-    and one token at a time, 1 and 2 threads; its layer matrices are tiles, its token embeddings (the head
-    too, when tied) rows."""
-    path = tiny_model("llama", QT.Q4_0, tie_embeddings=tied)
+@needs_tiles
+@pytest.mark.parametrize(("wtype", "tied"), [(QT.Q4_0, True), (QT.Q4_0, False), (QT.Q4_K, False)])
+def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied):
+    """A Q4_0 / Q4_K model loaded repacked and as stored: the same logits bit for bit, whole prompt,
+    micro-batches and one token at a time, 1 and 2 threads; its layer matrices are tiles, its token
+    embeddings (the head too, when tied) rows."""
+    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype == QT.Q4_K else {}
+    path = tiny_model("llama", wtype, tie_embeddings=tied, **wide)
     ids = np.random.default_rng(3).integers(0, 300, 40).tolist()
     monkeypatch.setenv("LLAMACY_REPACK", "0")
     stored = Llama(path, n_threads=1, kv_type="f32")
@@ -117,12 +162,12 @@ def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, tied):
         np.testing.assert_array_equal(llm.logits(ids), want, err_msg=f"threads={threads} n_batch={n_batch}")
     layouts = _layouts(llm)
     assert layouts.pop("token_embd") == LAYOUT_STORED
-    assert set(layouts.values()) == {LAYOUT_Q4_0_X8}
+    assert set(layouts.values()) == {LAYOUT[wtype]}
     output = llm.weights.fields["output"]
-    assert output.layout == (LAYOUT_STORED if tied else LAYOUT_Q4_0_X8)
+    assert output.layout == (LAYOUT_STORED if tied else LAYOUT[wtype])
 
 
-@needs_x8
+@needs_tiles
 def test_models_over_one_file_share_the_tiles(tiny_model):
     """Two Llama objects over one file hold one copy of each repacked matrix, as they share page cache."""
     path = tiny_model("llama", QT.Q4_0)

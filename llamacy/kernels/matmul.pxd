@@ -15,7 +15,8 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil
 
-# matmul of Q4_0 weights repacked at load into 8-row tiles (repack.pyx; rows a multiple of 8): the same
-# numbers as the stored rows give. Only where x8_available() (AVX-512 VNNI); elsewhere it aborts.
-cdef void matmul_q4_0_x8(const uint8_t* W, Py_ssize_t rows, Py_ssize_t cols, const void* xq, Py_ssize_t n_tok,
-                         float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil
+# matmul of weights repacked at load into 8-row tiles of `layout` (traits.pxd's LAYOUT_*; repack.pyx; rows
+# a multiple of 8): the same numbers as the stored rows give. Only where tiles_available() (AVX-512 VNNI);
+# elsewhere it aborts.
+cdef void matmul_tiled(const uint8_t* W, int wtype, int layout, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
+                       Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil

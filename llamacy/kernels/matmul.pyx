@@ -20,9 +20,10 @@ from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
 from llamacy.kernels.simd cimport HAVE_SIMD
-from llamacy.kernels.blocks cimport T_Q4_0
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_K
 from llamacy.kernels.traits cimport (
-    q4_0_x8_slot, traits_row_bytes, type_traits, type_traits_of, unknown_type, vec_dot_fn,
+    LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, N_LAYOUTS, layout_row_bytes, layout_slot, mm_try_fn, traits_row_bytes,
+    type_traits, type_traits_of, unknown_type, vec_dot_fn,
 )
 
 from llamacy.kernels.parallel import ensure_threads
@@ -41,7 +42,7 @@ from llamacy.kernels.traits import row_bytes
 # LLAMACY_NO_AVX512 (tests and benchmarks compare the two paths in one process).
 cdef enum:
     IMPL_VNNI = 3
-    IMPL_Q4_0_X8 = 4  # Q4_0 repacked at load into 8-row tiles (matmul_q4_0_x8)
+    IMPL_TILED = 16  # + a layout id (traits.pxd's LAYOUT_*): weights repacked at load (matmul_tiled)
 
 cdef bint _vnni_found = False  # matmul512 filled in the table's mm_vnni column (this CPU and build)
 cdef bint _vnni_on = False     # matmul() uses it: _vnni_found unless LLAMACY_NO_AVX512=1
@@ -77,10 +78,10 @@ def vnni_available():
     return _vnni_found
 
 
-def x8_available():
-    """True if matmul reads Q4_0 weights repacked into 8-row tiles (kernels/repack.pyx) here: the VNNI
-    kernels are on (this CPU, this build, LLAMACY_NO_AVX512 unset)."""
-    return _vnni_on and q4_0_x8_slot()[0] != NULL
+def tiles_available():
+    """True if matmul reads weights repacked into 8-row tiles (kernels/repack.pyx) here: the VNNI kernels
+    are on (this CPU, this build, LLAMACY_NO_AVX512 unset)."""
+    return _vnni_on and layout_slot(LAYOUT_Q4_0_X8)[0] != NULL and layout_slot(LAYOUT_Q4_K_X8)[0] != NULL
 
 
 def kernel_path():
@@ -149,8 +150,11 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         unknown_type(b"matmul", wtype)
     if rows <= 0 or n_tok <= 0:
         return
-    if impl == IMPL_Q4_0_X8 and q4_0_x8_slot()[0] == NULL:
-        unknown_type(b"matmul of 8-row Q4_0 tiles (AVX-512 VNNI only)", wtype)
+    cdef mm_try_fn tiled = NULL
+    if impl >= IMPL_TILED:
+        if layout_slot(impl - IMPL_TILED) == NULL or layout_slot(impl - IMPL_TILED)[0] == NULL:
+            unknown_type(b"matmul of 8-row tiles (AVX-512 VNNI only)", wtype)
+        tiled = layout_slot(impl - IMPL_TILED)[0]
     if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
         # Decode and small batches stream the weights from memory: one contiguous range per thread keeps
         # each thread's reads one sequential stream for the prefetchers. Prefill is compute-bound: eight
@@ -160,7 +164,7 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         job.wtype = wtype
         job.cols = cols
         job.rows = rows
-        job.row_bytes = traits_row_bytes(tt, cols)
+        job.row_bytes = layout_row_bytes(impl - IMPL_TILED, cols) if tiled != NULL else traits_row_bytes(tt, cols)
         job.chunk_rows = SPLIT_ROWS * max(1, rows // (SPLIT_ROWS * per_thread * nthreads))
         job.xq = xq
         job.n_tok = n_tok
@@ -169,8 +173,9 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         job.impl = impl
         parallel_for(_mm_task, &job, (rows + job.chunk_rows - 1) // job.chunk_rows, 1, nthreads)
         return
-    if impl == IMPL_Q4_0_X8:
-        q4_0_x8_slot()[0](W, rows, cols, xq, n_tok, Y, ldy)
+    if tiled != NULL:
+        if not tiled(W, rows, cols, xq, n_tok, Y, ldy):
+            unknown_type(b"matmul of 8-row tiles: out of memory", wtype)
         return
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if vnni and tt.mm_vnni != NULL and tt.mm_vnni(W, rows, cols, xq, n_tok, Y, ldy):
@@ -187,9 +192,9 @@ cdef void matmul(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
     matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_AUTO)
 
 
-cdef void matmul_q4_0_x8(const uint8_t* W, Py_ssize_t rows, Py_ssize_t cols, const void* xq, Py_ssize_t n_tok,
-                         float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
-    matmul_impl(W, T_Q4_0, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_Q4_0_X8)
+cdef void matmul_tiled(const uint8_t* W, int wtype, int layout, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
+                       Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_TILED + layout)
 
 
 # =========================================================================================================
@@ -287,28 +292,31 @@ def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto", out=None):
     return Y
 
 
-def matmul_q4_0_x8_py(W_tiles, Py_ssize_t rows, x, int nthreads=1):
-    """Y[n, rows] = x[n, cols] @ W.T for a Q4_0 matrix repacked by repack.repack_q4_0_x8 (flat uint8, rows
-    a multiple of 8), through the kernel the model runs for it."""
-    if not x8_available():
-        raise ValueError(f"8-row Q4_0 tiles need the AVX-512 VNNI kernels: {AVX512_STATUS}")
+def matmul_tiled_py(W_tiles, int layout, Py_ssize_t rows, x, int nthreads=1):
+    """Y[n, rows] = x[n, cols] @ W.T for a matrix repacked by repack.repack_tiles into `layout` (flat
+    uint8, rows a multiple of 8), through the kernel the model runs for it."""
+    if not tiles_available():
+        raise ValueError(f"8-row tiles need the AVX-512 VNNI kernels: {AVX512_STATUS}")
+    cdef int wtype = {LAYOUT_Q4_0_X8: T_Q4_0, LAYOUT_Q4_K_X8: T_Q4_K}.get(layout, -1)
+    if wtype < 0:
+        raise ValueError(f"unknown tile layout {layout}")
     xa = _activations(x)
     cdef Py_ssize_t cols = xa.shape[1], n = xa.shape[0]
-    from llamacy.kernels.repack import q4_0_x8_fits
+    from llamacy.kernels.repack import tile_layout
 
     Wa = np.ascontiguousarray(W_tiles).view(np.uint8).reshape(-1)
-    if not q4_0_x8_fits(rows, cols) or Wa.shape[0] != rows * row_bytes(T_Q4_0, cols):
-        raise ValueError(f"W_tiles must be the {rows} x {cols} tiles repack_q4_0_x8 makes")
+    if tile_layout(wtype, rows, cols) != layout or Wa.shape[0] != rows * layout_row_bytes(layout, cols):
+        raise ValueError(f"W_tiles must be the {rows} x {cols} tiles repack_tiles makes")
     if nthreads < 1:
         raise ValueError(f"nthreads must be >= 1, got {nthreads}")
     nthreads = min(nthreads, ensure_threads(nthreads))
-    xq = _quantize(T_Q4_0, xa, IMPL_AUTO)
+    xq = _quantize(wtype, xa, IMPL_AUTO)
     Y = np.zeros((n, rows), dtype=np.float32)
     cdef const uint8_t[::1] wv = Wa
     cdef const uint8_t[:, ::1] qv = xq
     cdef float[:, ::1] yv = Y
     with nogil:
-        matmul_q4_0_x8(&wv[0], rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads)
+        matmul_tiled(&wv[0], wtype, layout, rows, cols, &qv[0, 0], n, &yv[0, 0], rows, nthreads)
     return Y
 
 

@@ -1,6 +1,6 @@
-# Q4_0 weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them, model/repack.py
-# decides which): the VNNI product that reads them. Included by matmul512.pyx, whose types and the row-lane
-# helpers of matmul512_lanes.pxi it uses.
+# Q4_0 and Q4_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
+# model/repack.py decides which): the VNNI products that read them. Included by matmul512.pyx, whose types
+# and the row-lane helpers of matmul512_lanes.pxi and matmul512_klanes.pxi it uses.
 #
 # Why. The row-lane kernels give each of 8 rows a float lane; from the blocks as stored they first
 # transpose 8 rows' quants per block (repack_lanes), once per product. With a prompt's hundreds of tokens
@@ -9,7 +9,7 @@
 # against 8 tokens x 8 dpbusd). Done once at load, as llama.cpp's CPU "repack" buffers do (its
 # block_q4_0x8), it costs nothing per product, and the tile is the same size as the 8 rows it replaces.
 #
-# Float order: each row's chain is the row-lane one, fma(float(isum_b), d_w * d_x, sum) block by block with
+# Float order: each row's chain is the row-lane one (Q4_K: klanes_tile's two chains), fma(float(isum_b), d_w * d_x, sum) block by block with
 # isum_b the block's exact integer sum (the seed adds -8 x the token block's quant sum first, as
 # lanes_tile's does; integer sums are exact in any order). So a repacked matrix gives the very bits of the
 # same matrix as stored, on every path and thread count (tests/test_repack.py).
@@ -121,4 +121,174 @@ cdef int mm512_q4_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
         for i in range(ntiles):
             x8_tokens(rec + i * nb, X, sums, t0, t1, nb, Y, ldy, i * LR, NULL)
         t0 = t1
+    return 1
+
+
+# ---- Q4_K
+
+
+# One super-block of 8 rows: q[k][g], 32 bytes, row r's stored qs bytes 32k+4g..32k+4g+3 at bytes
+# 4r..4r+3: the low nibbles are what dpbusd step g takes for sub-block 2k (values 64k+4g..), the high ones
+# for sub-block 2k+1 (values 64k+32+4g..); sc[j][r] row r's 6-bit scale of sub-block j; mn[k][2r],
+# mn[k][2r+1] its mins of sub-blocks 2k and 2k+1 (widened to int16 they are the pairs dpwssd takes against
+# ktoken_pairs); d, dmin the rows' fp16 super-block scales. 1184 bytes: 148 a row.
+ctypedef struct kx8rec:
+    uint8_t q[4][8][32]
+    uint8_t sc[8][LR]
+    uint8_t mn[4][2 * LR]
+    uint16_t d[LR]
+    uint16_t dmin[LR]
+
+
+# One tile of the 8 rows of records rec x T tokens from y (nb super-blocks apart; pairs: their
+# ktoken_pairs); out[t * ldo + r]. The integer sums are klanes_tile's (exact), so are the two chains.
+cdef void kx8_tile(const tshape* shape, const kx8rec* rec, const block_q8k* y, const int32_t* pairs,
+                   Py_ssize_t nb, float* out, Py_ssize_t ldo, const char* pf) noexcept nogil:
+    cdef int T = ntoks(shape)
+    cdef __m256 fa[MAXT]
+    cdef __m256 fm[MAXT]
+    cdef __m256i ia[MAXT]
+    cdef __m256i wl[8]
+    cdef __m256i wh[8]
+    cdef __m256i p, lo, hi, lo2, hi2, scl, sch, im
+    cdef __m256i zero = _mm256_setzero_si256()
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256 dw, dm, dx
+    cdef const kx8rec* k
+    cdef const uint8_t* xq
+    cdef const int32_t* pp
+    cdef float res[LR]
+    cdef int r, t, g, j
+    cdef Py_ssize_t b
+    for t in range(T):
+        fa[t] = _mm256_setzero_ps()
+        fm[t] = _mm256_setzero_ps()
+    for b in range(nb):
+        k = rec + b
+        if pf != NULL:
+            lc_prefetch_span(pf + b * sizeof(kx8rec), sizeof(kx8rec))
+        for t in range(T):
+            ia[t] = zero
+        for j in range(4):  # sub-blocks 2j and 2j + 1
+            for g in range(8):
+                p = _mm256_loadu_si256(<const __m256i*>k.q[j][g])
+                wl[g] = _mm256_and_si256(p, m4)
+                wh[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
+            scl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*>k.sc[2 * j]))
+            sch = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*>k.sc[2 * j + 1]))
+            for t in range(T):
+                xq = <const uint8_t*>(y + t * nb + b).qs + 64 * j
+                lo = _mm256_dpbusd_epi32(zero, wl[0], _mm256_set1_epi32(<int>load_u32(xq)))
+                hi = _mm256_dpbusd_epi32(zero, wl[4], _mm256_set1_epi32(<int>load_u32(xq + 16)))
+                lo2 = _mm256_dpbusd_epi32(zero, wh[0], _mm256_set1_epi32(<int>load_u32(xq + 32)))
+                hi2 = _mm256_dpbusd_epi32(zero, wh[4], _mm256_set1_epi32(<int>load_u32(xq + 48)))
+                for g in range(1, 4):
+                    lo = _mm256_dpbusd_epi32(lo, wl[g], _mm256_set1_epi32(<int>load_u32(xq + 4 * g)))
+                    hi = _mm256_dpbusd_epi32(hi, wl[g + 4], _mm256_set1_epi32(<int>load_u32(xq + 16 + 4 * g)))
+                    lo2 = _mm256_dpbusd_epi32(lo2, wh[g], _mm256_set1_epi32(<int>load_u32(xq + 32 + 4 * g)))
+                    hi2 = _mm256_dpbusd_epi32(hi2, wh[g + 4], _mm256_set1_epi32(<int>load_u32(xq + 48 + 4 * g)))
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_add_epi32(
+                    _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), scl),
+                    _mm256_mullo_epi32(_mm256_add_epi32(lo2, hi2), sch)))
+        dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>k.d))
+        dm = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>k.dmin))
+        for t in range(T):
+            pp = pairs + 4 * (t * nb + b)
+            im = zero
+            for j in range(4):
+                im = _mm256_dpwssd_epi32(im, _mm256_cvtepu8_epi16(_mm_loadu_si128(<const __m128i*>k.mn[j])),
+                                         _mm256_set1_epi32(pp[j]))
+            dx = _mm256_set1_ps((y + t * nb + b).d)
+            fa[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_mul_ps(dw, dx), fa[t])
+            fm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(dm, dx), fm[t])
+    for t in range(T):
+        _mm256_storeu_ps(res, _mm256_sub_ps(fa[t], fm[t]))
+        for r in range(LR):
+            out[t * ldo + r] = res[r]
+
+
+# Tile rec (output rows from r0) against tokens [t0, t1): tiles of 4 tokens, then one of the 1-3 left.
+cdef inline void kx8_tokens(const kx8rec* rec, const block_q8k* X, const int32_t* pairs, Py_ssize_t t0,
+                            Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0,
+                            const char* pf) noexcept nogil:
+    cdef Py_ssize_t t = t0
+    while t + 4 <= t1:
+        kx8_tile(<const tok4*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+        pf = NULL
+        t += 4
+    if t1 - t == 3:
+        kx8_tile(<const tok3*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+    elif t1 - t == 2:
+        kx8_tile(<const tok2*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+    elif t1 - t == 1:
+        kx8_tile(<const tok1*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+
+
+# Tiles rec[0..ntiles) (nb records each) into the prefill tile's records dst (klanerec, nb per tile): the
+# nibbles split, scales widened, min pairs made, d and dmin converted. The same numbers repack_klanes makes
+# from the stored rows, for a fraction of its work (no transpose, no 6-bit unpacking).
+cdef void kx8_expand(const kx8rec* rec, Py_ssize_t ntiles, Py_ssize_t nb, klanerec* dst) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i p
+    cdef const kx8rec* k
+    cdef klanerec* o
+    cdef Py_ssize_t i
+    cdef int j, g
+    for i in range(ntiles * nb):
+        k = rec + i
+        o = dst + i
+        for j in range(4):
+            for g in range(8):
+                p = _mm256_loadu_si256(<const __m256i*>k.q[j][g])
+                _mm256_storeu_si256(<__m256i*>o.u[16 * j + g], _mm256_and_si256(p, m4))
+                _mm256_storeu_si256(<__m256i*>o.u[16 * j + 8 + g], _mm256_and_si256(_mm256_srli_epi16(p, 4), m4))
+        for j in range(8):
+            _mm256_storeu_si256(<__m256i*>o.sc[j], _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*>k.sc[j])))
+        for j in range(4):
+            _mm256_storeu_si256(<__m256i*>o.pr[j], _mm256_cvtepu8_epi16(_mm_loadu_si128(<const __m128i*>k.mn[j])))
+        _mm256_storeu_ps(o.d, _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>k.d)))
+        _mm256_storeu_ps(o.dmin, _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>k.dmin)))
+
+
+# The product of rows (a multiple of LR) repacked as kx8rec tiles. Up to TCH tokens, straight from the
+# tiles as mm512_q4_0_x8 does; more (a prompt), work items of up to GROUP_BYTES of expanded records
+# (kx8_expand), each against every token chunk by klanes_tile, as the stored rows' prefill runs: with
+# hundreds of tokens, splitting nibbles and widening scales once per work item beats doing it in every
+# 4-token tile (llama-3.2-1b pp512: 0.89-0.95x the stored rows' speed when done per tile). The tokens'
+# pairs of sub-block sums (and the expanded records) live in scratch memory; where none can be had the
+# call returns 0 and matmul aborts with one line (no other kernel reads these tiles).
+cdef int mm512_q4_k_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* Xv, Py_ssize_t n_tok,
+                       float* Y, Py_ssize_t ldy) noexcept nogil:
+    cdef const kx8rec* rec = <const kx8rec*>W
+    cdef const block_q8k* X = <const block_q8k*>Xv
+    cdef Py_ssize_t nb = cols // QK_K, ntiles = rows // LR, i, t0, t1, per, g0, ng, pairs_bytes
+    cdef int32_t* pairs
+    cdef klanerec* buf
+    cdef const char* pf
+    if ntiles <= 0 or n_tok <= 0 or nb <= 0:
+        return 1
+    pairs_bytes = (4 * n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
+    per = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(klanerec)), GR // LR))  # tiles per work item
+    pairs = <int32_t*>lc_scratch(pairs_bytes + (per * nb * sizeof(klanerec) if n_tok > TCH else 0))
+    if pairs == NULL:
+        return 0
+    ktoken_pairs(X, n_tok * nb, pairs)
+    if n_tok <= TCH:
+        for i in range(ntiles):
+            pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles else NULL
+            kx8_tokens(rec + i * nb, X, pairs, 0, n_tok, nb, Y, ldy, i * LR, pf)
+        return 1
+    buf = <klanerec*>(<char*>pairs + pairs_bytes)
+    g0 = 0
+    while g0 < ntiles:
+        ng = min(per, ntiles - g0)
+        kx8_expand(rec + g0 * nb, ng, nb, buf)
+        t0 = 0
+        while t0 < n_tok:
+            t1 = min(n_tok, t0 + TCH)
+            for i in range(ng):
+                klanes_tokens(<const block_q4_K*>NULL, buf + i * nb, X, pairs, t0, t1, nb, Y, ldy,
+                              (g0 + i) * LR, LR)
+            t0 = t1
+        g0 += ng
     return 1

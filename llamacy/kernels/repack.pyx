@@ -1,30 +1,43 @@
 # Weights rewritten once, at load, into the layout their kernel reads fastest (model/repack.py decides
-# which). One layout so far: Q4_0 in 8-row tiles (matmul512_x8.pxi's x8rec), 144 bytes per block of 8
-# rows, the same bytes as the 8 stored rows, so tile i starts where row 8i did.
+# which): 8-row tiles, one per quantized type that has a tile kernel (matmul512_x8.pxi states each layout;
+# tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
+# blocks' bytes, so tile i starts where row 8i did. Q4_K: 1184 bytes per 8 rows x 256 values (148 a row:
+# the 6-bit scales and mins unpacked to bytes).
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
-from llamacy.kernels.parallel cimport parallel_for
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_K
+from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
+from llamacy.kernels.traits cimport LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, layout_row_bytes
 
 import numpy as np
 
 from llamacy.kernels.parallel import ensure_threads
 
-# A Q4_0 block: fp16 scale, then 16 bytes of nibbles (values j and j + 16 in byte j).
+# The layout ids (traits.pxd), for Python.
+LAYOUT_STORED = 0
+LAYOUT_Q4_0_X8 = _Q4_0_X8
+LAYOUT_Q4_K_X8 = _Q4_K_X8
+
 cdef enum:
-    Q4_0_BYTES = 18
     TILE_ROWS = 8
-    REC_BYTES = TILE_ROWS * Q4_0_BYTES  # 2 bytes of scale and 16 of quants per row
+    Q4_0_BYTES = 18    # fp16 scale, 16 bytes of nibbles (values j and j + 16 in byte j)
+    Q4_K_BYTES = 144   # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+    Q4_K_TILE = 1184   # kx8rec: q 1024, sc 64, mn 64, d 16, dmin 16
+    Q4_K_SC = 1024
+    Q4_K_MN = 1088
+    Q4_K_D = 1152
+    Q4_K_DMIN = 1168
 
 
 ctypedef struct PackJob:
     const uint8_t* src
     uint8_t* dst
-    Py_ssize_t nb          # blocks per row
-    Py_ssize_t row_bytes
+    Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
+    Py_ssize_t row_bytes   # stored
 
 
-cdef void _pack_tiles(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+cdef void _pack_q4_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
     """Row tiles begin..end-1: per block, the 8 scales, then for each 4-byte group g of the quants the 8
     rows' bytes 4g..4g+3 side by side."""
     cdef PackJob* j = <PackJob*> ctx
@@ -33,7 +46,7 @@ cdef void _pack_tiles(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
     cdef uint8_t* rec
     for i in range(begin, end):
         for b in range(j.nb):
-            rec = j.dst + (i * j.nb + b) * REC_BYTES
+            rec = j.dst + (i * j.nb + b) * TILE_ROWS * Q4_0_BYTES
             for r in range(TILE_ROWS):
                 row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q4_0_BYTES
                 memcpy(rec + 2 * r, row, 2)
@@ -41,29 +54,69 @@ cdef void _pack_tiles(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
                     memcpy(rec + 16 + 32 * g + 4 * r, row + 2 + 4 * g, 4)
 
 
-def q4_0_x8_fits(Py_ssize_t rows, Py_ssize_t cols) -> bool:
-    """Whether a Q4_0 matrix of this shape can take the 8-row tile layout."""
-    return rows > 0 and rows % TILE_ROWS == 0 and cols > 0 and cols % 32 == 0
+cdef inline void _scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) noexcept nogil:
+    """Sub-block j's 6-bit scale and min from a Q4_K block's 12 bytes (ggml's get_scale_min_k4)."""
+    if j < 4:
+        sc[0] = q[j] & 63
+        mn[0] = q[j + 4] & 63
+    else:
+        sc[0] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)
+        mn[0] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
 
 
-def repack_q4_0_x8(data, Py_ssize_t rows, Py_ssize_t cols, int nthreads=1):
-    """Q4_0 rows (uint8 buffer of rows * cols / 32 * 18 bytes or more) -> a new uint8 array in the 8-row
-    tile layout, the same size."""
-    if not q4_0_x8_fits(rows, cols):
-        raise ValueError(f"a {rows} x {cols} matrix does not tile by {TILE_ROWS} rows of 32-value blocks")
+cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Row tiles begin..end-1: per super-block, the 8 rows' 4-byte groups of qs side by side (32 bytes per
+    group, 8 groups per 32 bytes of qs), their scales per sub-block, their mins in pairs of sub-blocks,
+    then d and dmin."""
+    cdef PackJob* j = <PackJob*> ctx
+    cdef Py_ssize_t i, b, r, k, g, s
+    cdef const uint8_t* row
+    cdef uint8_t* rec
+    for i in range(begin, end):
+        for b in range(j.nb):
+            rec = j.dst + (i * j.nb + b) * Q4_K_TILE
+            for r in range(TILE_ROWS):
+                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q4_K_BYTES
+                memcpy(rec + Q4_K_D + 2 * r, row, 2)
+                memcpy(rec + Q4_K_DMIN + 2 * r, row + 2, 2)
+                for s in range(8):
+                    _scale_min_k4(s, row + 4, rec + Q4_K_SC + 8 * s + r,
+                                  rec + Q4_K_MN + 16 * (s // 2) + 2 * r + s % 2)
+                for k in range(4):
+                    for g in range(8):
+                        memcpy(rec + 256 * k + 32 * g + 4 * r, row + 16 + 32 * k + 4 * g, 4)
+
+
+def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
+    """The tiled layout a matrix of this type and shape can take (LAYOUT_STORED: none)."""
+    if rows <= 0 or rows % TILE_ROWS or cols <= 0:
+        return LAYOUT_STORED
+    if wtype == T_Q4_0 and cols % 32 == 0:
+        return LAYOUT_Q4_0_X8
+    if wtype == T_Q4_K and cols % 256 == 0:
+        return LAYOUT_Q4_K_X8
+    return LAYOUT_STORED
+
+
+def repack_tiles(int wtype, data, Py_ssize_t rows, Py_ssize_t cols, int nthreads=1):
+    """Stored rows of `wtype` (a uint8 buffer of at least their bytes) -> (a new uint8 array in the
+    layout, the layout id)."""
+    cdef int layout = tile_layout(wtype, rows, cols)
+    if layout == LAYOUT_STORED:
+        raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
     cdef const uint8_t[::1] src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
         else data.reshape(-1).view(np.uint8)
-    cdef Py_ssize_t nb = cols // 32, row_bytes = nb * Q4_0_BYTES
-    if src.shape[0] < rows * row_bytes:
-        raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {row_bytes}")
-    out = np.empty(rows * row_bytes, dtype=np.uint8)
-    cdef uint8_t[::1] dst = out
     cdef PackJob job
+    job.nb = cols // 32 if layout == LAYOUT_Q4_0_X8 else cols // 256
+    job.row_bytes = job.nb * (Q4_0_BYTES if layout == LAYOUT_Q4_0_X8 else Q4_K_BYTES)
+    if src.shape[0] < rows * job.row_bytes:
+        raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {job.row_bytes}")
+    out = np.empty(rows * layout_row_bytes(layout, cols), dtype=np.uint8)
+    cdef uint8_t[::1] dst = out
     job.src = &src[0]
     job.dst = &dst[0]
-    job.nb = nb
-    job.row_bytes = row_bytes
+    cdef lc_task_fn pack = _pack_q4_0 if layout == _Q4_0_X8 else _pack_q4_k
     nthreads = max(1, min(nthreads, ensure_threads(nthreads)))
     with nogil:
-        parallel_for(_pack_tiles, &job, rows // TILE_ROWS, 1, nthreads)
-    return out
+        parallel_for(pack, &job, rows // TILE_ROWS, 1, nthreads)
+    return out, layout

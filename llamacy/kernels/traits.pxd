@@ -29,10 +29,18 @@ ctypedef struct type_traits:
 
 # The row of GGML type `wtype`; NULL if the kernels do not compute with it.
 cdef const type_traits* type_traits_of(int wtype) noexcept nogil
-# The product of Q4_0 rows repacked at load into 8-row tiles (repack.pyx's layout; matmul512_x8.pxi): the
-# one kernel that reads that layout, written by matmul512 where it loads; NULL elsewhere, where nothing is
-# repacked (model/repack.py asks matmul.x8_available first).
-cdef mm_try_fn* q4_0_x8_slot() noexcept nogil
+# Weights repacked at load into 8-row tiles (repack.pyx writes them; model/repack.py decides which): a
+# layout id per tiled format (0: the file's rows), and the one kernel that reads each, written by matmul512
+# where it loads (matmul512_x8.pxi); NULL elsewhere, where nothing is repacked.
+cdef enum:
+    LAYOUT_STORED = 0
+    LAYOUT_Q4_0_X8 = 1   # Q4_0, 144 bytes per 8 rows x 32 values (the 8 rows' bytes)
+    LAYOUT_Q4_K_X8 = 2   # Q4_K, 1184 bytes per 8 rows x 256 values (8 x 148)
+    N_LAYOUTS = 3
+# The kernel slot of a tiled layout; NULL for LAYOUT_STORED and unknown ids.
+cdef mm_try_fn* layout_slot(int layout) noexcept nogil
+# Bytes per row of `cols` values in a tiled layout (a tile of 8 rows is 8 times that); 0 if unknown.
+cdef Py_ssize_t layout_row_bytes(int layout, Py_ssize_t cols) noexcept nogil
 # For matmul512 only, to fill in its column.
 cdef type_traits* writable_traits(int wtype) noexcept nogil
 # Bytes of a row of `cols` values (a whole number of blocks) of the type of row `tt`.

@@ -17,7 +17,7 @@ from llamacy.kernels.vecdot cimport *
 from llamacy import ggml_types
 
 cdef type_traits TRAITS[N_TYPE_IDS]
-cdef mm_try_fn Q4_0_X8 = NULL
+cdef mm_try_fn LAYOUT_KERNELS[N_LAYOUTS]  # static: NULL until matmul512 fills them
 
 
 cdef void row(int t, const char* name, Py_ssize_t blck_size, Py_ssize_t type_size, int act,
@@ -71,8 +71,18 @@ cdef const type_traits* type_traits_of(int wtype) noexcept nogil:
     return &TRAITS[wtype]
 
 
-cdef mm_try_fn* q4_0_x8_slot() noexcept nogil:
-    return &Q4_0_X8
+cdef mm_try_fn* layout_slot(int layout) noexcept nogil:
+    if layout <= LAYOUT_STORED or layout >= N_LAYOUTS:
+        return NULL
+    return &LAYOUT_KERNELS[layout]
+
+
+cdef Py_ssize_t layout_row_bytes(int layout, Py_ssize_t cols) noexcept nogil:
+    if layout == LAYOUT_Q4_0_X8:
+        return cols // 32 * 18
+    if layout == LAYOUT_Q4_K_X8:
+        return cols // 256 * 148
+    return 0
 
 
 cdef type_traits* writable_traits(int wtype) noexcept nogil:

@@ -44,7 +44,7 @@ ctypedef struct HParams:
     Py_ssize_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_dt_rank
 
 # One weight matrix as the kernels see it: `rows` stored rows of `cols` values of GGML type `type`, in the
-# file's layout or (layout LAYOUT_Q4_0_X8) repacked at load into 8-row tiles of the same bytes (repack.py).
+# file's layout (layout 0) or repacked at load into 8-row tiles (traits.pxd's LAYOUT_*; repack.py).
 ctypedef struct WeightT:
     const uint8_t* data
     int type
@@ -52,10 +52,6 @@ ctypedef struct WeightT:
     Py_ssize_t rows
     Py_ssize_t cols
     Py_ssize_t row_bytes
-
-cdef enum:
-    LAYOUT_STORED = 0
-    LAYOUT_Q4_0_X8 = 1
 
 # One layer, bound from the fields its architecture declares (weights.ModelWeights.layers[i], by name:
 # binding.pyx). A matrix the layer does not have has rows 0, a vector NULL; its recipe says which blocks

@@ -3,9 +3,9 @@
 
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from llamacy.kernels.matmul cimport matmul, matmul_q4_0_x8
+from llamacy.kernels.matmul cimport matmul, matmul_tiled
 from llamacy.kernels.quant cimport act_format
-from llamacy.model.layout cimport LAYOUT_Q4_0_X8
+from llamacy.kernels.traits cimport LAYOUT_STORED
 from llamacy.model.rowjobs cimport quant_rows
 
 
@@ -17,8 +17,8 @@ cdef double now() noexcept nogil:
 
 cdef void weight_matmul(const WeightT* w, const void* aq, Py_ssize_t n, float* y, Py_ssize_t ldy,
                         int nthreads) noexcept nogil:
-    if w.layout == LAYOUT_Q4_0_X8:
-        matmul_q4_0_x8(w.data, w.rows, w.cols, aq, n, y, ldy, nthreads)
+    if w.layout != LAYOUT_STORED:
+        matmul_tiled(w.data, w.type, w.layout, w.rows, w.cols, aq, n, y, ldy, nthreads)
     else:
         matmul(w.data, w.type, w.rows, w.cols, aq, n, y, ldy, nthreads)
 

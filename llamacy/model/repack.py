@@ -1,15 +1,15 @@
 """Weights rewritten once, at load, into the layout their kernels read fastest.
 
-One rewrite so far: on a CPU whose AVX-512 VNNI kernels are on, Q4_0 matrices go into 8-row tiles
+On a CPU whose AVX-512 VNNI kernels are on, Q4_0 and Q4_K matrices go into 8-row tiles
 (kernels/repack.pyx; read by matmul512_x8.pxi), as llama.cpp's CPU "repack" buffers hold them. The
 row-lane kernels would otherwise transpose 8 rows' quants per block in every product of more than a few
-tokens; a server step of 8 sequences pays that on every matrix. The tiles give the same numbers as the
-stored rows, bit for bit.
+tokens (a server step of 8 sequences pays that on every matrix), and decode would unpack them row by row.
+The tiles give the same numbers as the stored rows, bit for bit.
 
-The cost: the repacked matrices live in anonymous memory instead of the file's page cache (the same size:
-the mapping's pages of those tensors are read once, then left for the kernel to reclaim), so processes
-serving one file no longer share them; and the load reads every Q4_0 matrix once. LLAMACY_REPACK=0 keeps
-the file's layout. BENCHMARKS.md has the measurements both ways.
+The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's tiles
+are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors are read once,
+then released), so processes serving one file no longer share them; and the load reads every such matrix
+once. LLAMACY_REPACK=0 keeps the file's layout. BENCHMARKS.md has the measurements both ways.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import os
 import weakref
 from typing import Any
 
-from llamacy.ggml_types import GGMLType
-
-# layout.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout).
+# traits.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout); kernels/repack.pyx has them too.
 LAYOUT_STORED = 0
 LAYOUT_Q4_0_X8 = 1
+LAYOUT_Q4_K_X8 = 2
 
 # Fields read a row at a time (dequantize_row: token embeddings), never through a product: kept as stored.
 ROW_READ_FIELDS = frozenset({"token_embd", "per_layer_token_embd"})
@@ -36,9 +35,9 @@ def repack_enabled() -> bool:
     """Whether load-time repacking applies here: this CPU's VNNI kernels are on, LLAMACY_REPACK is not 0."""
     if os.environ.get("LLAMACY_REPACK", "") == "0":
         return False
-    from llamacy.kernels.matmul import x8_available
+    from llamacy.kernels.matmul import tiles_available
 
-    return bool(x8_available())
+    return bool(tiles_available())
 
 
 def repacked(
@@ -46,13 +45,15 @@ def repacked(
 ) -> tuple[Any, int] | None:
     """(the matrix's bytes in the layout its kernel reads fastest, that layout), or None where none
     applies. key: where the bytes come from, to share the result within the process (None: not shared)."""
-    from llamacy.kernels.repack import q4_0_x8_fits, repack_q4_0_x8
+    from llamacy.kernels.repack import repack_tiles, tile_layout
 
-    if wtype != GGMLType.Q4_0 or not q4_0_x8_fits(rows, cols):
+    if tile_layout(wtype, rows, cols) == LAYOUT_STORED:
         return None
-    tiles = _TILES.get(key) if key is not None else None
-    if tiles is None:
-        tiles = repack_q4_0_x8(data, rows, cols, n_threads)
+    got = _TILES.get(key) if key is not None else None
+    if got is None:
+        tiles, layout = repack_tiles(wtype, data, rows, cols, n_threads)
         if key is not None:
             _TILES[key] = tiles
-    return tiles, LAYOUT_Q4_0_X8
+    else:
+        tiles, layout = got, tile_layout(wtype, rows, cols)
+    return tiles, layout

@@ -11,6 +11,8 @@
 # Output rows are split over the thread team (parallel.pxd) in chunks of SPLIT_ROWS; nthreads == 1 uses no
 # other thread.
 from libc.stdint cimport int64_t, uint8_t
+from libc.stdio cimport fflush, fprintf, stderr
+from libc.stdlib cimport abort
 
 import os
 import numpy as np
@@ -175,7 +177,10 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
         return
     if tiled != NULL:
         if not tiled(W, rows, cols, xq, n_tok, Y, ldy):
-            unknown_type(b"matmul of 8-row tiles: out of memory", wtype)
+            # no other kernel reads the tiles, and an unwritten Y would be wrong numbers
+            fprintf(stderr, b"llamacy: out of memory for a matrix product's scratch (%zd tokens)\n", n_tok)
+            fflush(stderr)
+            abort()
         return
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if vnni and tt.mm_vnni != NULL and tt.mm_vnni(W, rows, cols, xq, n_tok, Y, ldy):

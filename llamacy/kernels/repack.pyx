@@ -9,6 +9,7 @@ from libc.string cimport memcpy
 from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_K
 from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
 from llamacy.kernels.traits cimport LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, layout_row_bytes
+from llamacy.kernels.values cimport scale_min_k4
 
 import numpy as np
 
@@ -54,16 +55,6 @@ cdef void _pack_q4_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
                     memcpy(rec + 16 + 32 * g + 4 * r, row + 2 + 4 * g, 4)
 
 
-cdef inline void _scale_min_k4(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) noexcept nogil:
-    """Sub-block j's 6-bit scale and min from a Q4_K block's 12 bytes (ggml's get_scale_min_k4)."""
-    if j < 4:
-        sc[0] = q[j] & 63
-        mn[0] = q[j + 4] & 63
-    else:
-        sc[0] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4)
-        mn[0] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
-
-
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
     """Row tiles begin..end-1: per super-block, the 8 rows' 4-byte groups of qs side by side (32 bytes per
     group, 8 groups per 32 bytes of qs), their scales per sub-block, their mins in pairs of sub-blocks,
@@ -80,7 +71,7 @@ cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
                 memcpy(rec + Q4_K_D + 2 * r, row, 2)
                 memcpy(rec + Q4_K_DMIN + 2 * r, row + 2, 2)
                 for s in range(8):
-                    _scale_min_k4(s, row + 4, rec + Q4_K_SC + 8 * s + r,
+                    scale_min_k4(s, row + 4, rec + Q4_K_SC + 8 * s + r,
                                   rec + Q4_K_MN + 16 * (s // 2) + 2 * r + s % 2)
                 for k in range(4):
                     for g in range(8):

@@ -7,12 +7,12 @@
 # that is amortised; with the 8 tokens of an 8-sequence server step, a few-token speculative check or a
 # short prompt it is up to half of the product's work (an 8x8 transpose and 8 scale conversions per block
 # against 8 tokens x 8 dpbusd). Done once at load, as llama.cpp's CPU "repack" buffers do (its
-# block_q4_0x8), it costs nothing per product, and the tile is the same size as the 8 rows it replaces.
+# block_q4_0x8), it costs nothing per product; a Q4_0 tile is the size of the 8 rows it replaces.
 #
-# Float order: each row's chain is the row-lane one (Q4_K: klanes_tile's two chains), fma(float(isum_b), d_w * d_x, sum) block by block with
-# isum_b the block's exact integer sum (the seed adds -8 x the token block's quant sum first, as
-# lanes_tile's does; integer sums are exact in any order). So a repacked matrix gives the very bits of the
-# same matrix as stored, on every path and thread count (tests/test_repack.py).
+# Float order: each row's chain is the row-lane one (Q4_K: klanes_tile's two chains), fma(float(isum_b),
+# d_w * d_x, sum) block by block with isum_b the block's exact integer sum (the seed adds -8 x the token
+# block's quant sum first, as lanes_tile's does; integer sums are exact in any order). So a repacked matrix
+# gives the very bits of the same matrix as stored, on every path and thread count (tests/test_repack.py).
 
 
 # One 32-value block of 8 rows: d, the rows' fp16 scales; q[g], 32 bytes, row r's stored qs bytes 4g..4g+3

@@ -18,10 +18,8 @@ import os
 import weakref
 from typing import Any
 
-# traits.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout); kernels/repack.pyx has them too.
-LAYOUT_STORED = 0
-LAYOUT_Q4_0_X8 = 1
-LAYOUT_Q4_K_X8 = 2
+# traits.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout), as kernels/repack.pyx exports them.
+from llamacy.kernels.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED  # noqa: F401
 
 # Fields read a row at a time (dequantize_row: token embeddings), never through a product: kept as stored.
 ROW_READ_FIELDS = frozenset({"token_embd", "per_layer_token_embd"})
@@ -47,13 +45,12 @@ def repacked(
     applies. key: where the bytes come from, to share the result within the process (None: not shared)."""
     from llamacy.kernels.repack import repack_tiles, tile_layout
 
-    if tile_layout(wtype, rows, cols) == LAYOUT_STORED:
+    layout = tile_layout(wtype, rows, cols)
+    if layout == LAYOUT_STORED:
         return None
-    got = _TILES.get(key) if key is not None else None
-    if got is None:
-        tiles, layout = repack_tiles(wtype, data, rows, cols, n_threads)
+    tiles = _TILES.get(key) if key is not None else None
+    if tiles is None:
+        tiles, _ = repack_tiles(wtype, data, rows, cols, n_threads)
         if key is not None:
             _TILES[key] = tiles
-    else:
-        tiles, layout = got, tile_layout(wtype, rows, cols)
     return tiles, layout

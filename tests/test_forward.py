@@ -137,13 +137,13 @@ def test_micro_batches_equal_one_batch(tiny_model):
 
 
 @pytest.mark.parametrize(
-    "wtype", [QT.Q4_0, QT.Q5_0, QT.Q8_0, QT.Q4_1, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name
+    "wtype", [QT.Q4_0, QT.Q5_0, QT.Q8_0, QT.Q4_1, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name
 )
 def test_prefill_chunks_and_decode_give_the_same_bits(tiny_model, wtype):
     """One float order per type on every path (issue #29): a whole prompt, micro-batches of 7 and one token
-    at a time, at 1 and 2 threads, give bit-identical logits. Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K are on
-    the row-lane order on a VNNI CPU (prefill from repacked 8-row tiles, decode from the blocks as stored), Q4_1
-    on the per-lane one."""
+    at a time, at 1 and 2 threads, give bit-identical logits. All of these types are on the row-lane order on
+    a VNNI CPU (prefill from repacked 8-row tiles, decode from the blocks as stored), the per-lane one on
+    AVX2."""
     # K-quant rows are 256 values: a wider tiny model
     wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, **wide)

@@ -4,15 +4,12 @@ They are held against the same oracle as the AVX2 kernels (tests/test_kernels.py
 tests import) and against the AVX2 kernels themselves:
 - vs the gguf oracle: the tolerances of test_kernels.py (1e-5 * B on the activations the kernel multiplies,
   the activation quantization bound on the float activations), B = sum_j |w_j| |x_j|.
-- vs AVX2: bit-identical. Both sum the same int32 lanes exactly and scale them with the same float
-  operations in the same order. One known exception, from the AVX2 side: for Q4_1/Q5_1 the AVX2 tile of one
-  row x 4 tokens (the last row of an odd row count) has its min term m * s fused into an FMA by the compiler,
-  where every other AVX2 tile rounds the product first; there the two may differ by float rounding
-  (allowed: 1e-6 * B, the SIMD-vs-scalar tolerance of test_kernels.py). Against the AVX2 kernel run one token
-  at a time (which rounds the product) the VNNI kernels are bit-identical everywhere.
-- Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K are the exceptions: their VNNI kernels follow the row-lane order
-  of issue #29 (for Q4_0 and Q4_K the order of llama.cpp's repacked kernels). Q4_0, Q5_0, Q8_0: per row and
-  block, sum = fma(float(block's integer sum), d_w * d_x, sum). Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
+- vs AVX2: bit-identical for the per-lane types (Q2_K, Q3_K): both sum the same int32 lanes exactly and scale
+  them with the same float operations in the same order.
+- Every other quantized type follows the row-lane order of issue #29 (for Q4_0 and Q4_K the order of
+  llama.cpp's repacked kernels). Q4_0, Q5_0, Q8_0: per row and block, sum = fma(float(block's integer sum),
+  d_w * d_x, sum); Q4_1 and Q5_1 the same plus a second chain, mins = fma(m_w, s_x, mins), Y = sum + mins.
+  Q4_K and Q5_K: per row and super-block, a = fma(float(isum), d_w * d_x, a) and
   m = fma(float(imin), dmin_w * d_x, m), Y = a - m, with isum the super-block's exact integer sum of scaled
   products and imin its exact sum of mins x sub-block sums of the token's quants. Q6_K: one chain,
   a = fma(float(isum), d_w * d_x, a), isum the exact sum of scale x (quant - 32) x activation quant. Against AVX2 (the
@@ -66,9 +63,8 @@ SHAPES = {
     "legacy": [(1, 32), (3, 64), (17, 96), (33, 576), (7, 1536)],
     "k": [(1, 256), (3, 512), (17, 768), (37, 1536)],
 }
-MIN_TYPES = (T.Q4_1, T.Q5_1)
 # the VNNI kernels' own float order (see above)
-ROW_LANE_TYPES = (T.Q4_0, T.Q5_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+ROW_LANE_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
 
 needs_vnni = pytest.mark.skipif(not mm.vnni_available(), reason=f"AVX-512 VNNI kernels: {mm.AVX512_STATUS}")
 
@@ -84,18 +80,12 @@ def _cases():
 
 
 def assert_same_as_avx2(t: T, Y: np.ndarray, Yavx2: np.ndarray, B: np.ndarray, what) -> None:
-    """Bit-identical, but for the AVX2 side's fused min term and the row-lane types' order (see the module
-    docstring)."""
+    """Bit-identical, but for the row-lane types' order (see the module docstring)."""
     if t in ROW_LANE_TYPES:
         assert worst(np.abs(Y - Yavx2), 1e-6 * B) <= 1, what
         return
     same = Y.view(np.uint32) == Yavx2.view(np.uint32)
-    rows = Y.shape[1]
-    if t in MIN_TYPES and rows % 2 == 1:
-        assert same[:, : rows - 1].all(), what
-        assert worst(np.abs(Y[:, -1] - Yavx2[:, -1]), 1e-6 * B[:, -1]) <= 1, what
-    else:
-        assert same.all(), (what, np.argwhere(~same)[:5])
+    assert same.all(), (what, np.argwhere(~same)[:5])
 
 
 @needs_vnni
@@ -174,26 +164,33 @@ def fma_chain(ints: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def legacy_row_lane_chain(t: T, data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
-    """Y[t, r] by Q4_0's, Q5_0's or Q8_0's row-lane order, from the raw blocks (ggml's layouts, decoded here
-    with numpy): exact integer block sums (numpy int64), the scale d_w * d_x rounded to float32, then the
-    fmaf chain over blocks."""
+    """Y[t, r] by the legacy types' row-lane order, from the raw blocks (ggml's layouts, decoded here with
+    numpy): exact integer block sums (numpy int64), the scale d_w * d_x rounded to float32, then the fmaf
+    chain over blocks; for Q4_1 and Q5_1 a second fmaf chain of m_w * s_x, added at the end."""
     nb = cols // 32
-    wb = data.reshape(rows, nb, {T.Q4_0: 18, T.Q5_0: 22, T.Q8_0: 34}[t])
+    wb = data.reshape(rows, nb, {T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24, T.Q8_0: 34}[t])
     dw = wb[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if t == T.Q4_0:
-        packed = wb[:, :, 2:].astype(np.int64)
-        q = np.concatenate([packed & 15, packed >> 4], axis=2) - 8  # values 0..15 then 16..31 of each block
-    elif t == T.Q5_0:  # bit j of the 32-bit qh: value j's fifth bit
-        qh = wb[:, :, 2:6].copy().view("<u4").astype(np.int64)
-        packed = wb[:, :, 6:].astype(np.int64)
+    has_min = t in (T.Q4_1, T.Q5_1)
+    q_at = 4 if has_min else 2  # the quants (or qh) follow d, and m where the type has one
+    if t in (T.Q4_0, T.Q4_1):
+        packed = wb[:, :, q_at:].astype(np.int64)
+        q = np.concatenate([packed & 15, packed >> 4], axis=2)  # values 0..15 then 16..31 of each block
+    elif t in (T.Q5_0, T.Q5_1):  # bit j of the 32-bit qh: value j's fifth bit
+        qh = wb[:, :, q_at : q_at + 4].copy().view("<u4").astype(np.int64)
+        packed = wb[:, :, q_at + 4 :].astype(np.int64)
         q = np.concatenate([packed & 15, packed >> 4], axis=2) | (((qh >> np.arange(32)) & 1) << 4)
-        q = q - 16
     else:
         q = wb[:, :, 2:].copy().view(np.int8).astype(np.int64)
+    q = q - {T.Q4_0: 8, T.Q5_0: 16}.get(t, 0)
     xb = np.frombuffer(xq.tobytes(), dtype=Q8A).reshape(n, nb)
     isum = np.einsum("rbj,tbj->trb", q, xb["qs"].astype(np.int64))
     scale = dw[None, :, :] * xb["d"].astype(np.float32)[:, None, :]  # float32 products, rounded
-    return fma_chain(isum, scale)
+    y = fma_chain(isum, scale)
+    if not has_min:
+        return y
+    mw = wb[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sx = np.broadcast_to(xb["s"].astype(np.float32)[:, None, :], (n, rows, nb))
+    return y + fma_chain(np.broadcast_to(mw[None], (n, rows, nb)), sx)
 
 
 def q45_k_row_lane_chain(t: T, data: np.ndarray, xq: np.ndarray, rows: int, cols: int, n: int) -> np.ndarray:
@@ -247,6 +244,8 @@ def q6_k_row_lane_chain(data: np.ndarray, xq: np.ndarray, rows: int, cols: int, 
 
 ROW_LANE_CHAINS = {
     T.Q4_0: lambda *a: legacy_row_lane_chain(T.Q4_0, *a),
+    T.Q4_1: lambda *a: legacy_row_lane_chain(T.Q4_1, *a),
+    T.Q5_1: lambda *a: legacy_row_lane_chain(T.Q5_1, *a),
     T.Q5_0: lambda *a: legacy_row_lane_chain(T.Q5_0, *a),
     T.Q8_0: lambda *a: legacy_row_lane_chain(T.Q8_0, *a),
     T.Q4_K: lambda *a: q45_k_row_lane_chain(T.Q4_K, *a),

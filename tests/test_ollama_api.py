@@ -464,10 +464,18 @@ def _format_and_tools(srv) -> None:
     raw = c.generate(model="tiny", prompt="A JSON list of colors:", raw=True, format="json", options=opts)
     assert raw.response.lstrip().startswith("{")
 
-    # A tool call: no tool_choice in Ollama's API, so the conversation asks for one.
+    # A tool call: no tool_choice in Ollama's API, so the conversation asks for one, and shows one (an
+    # earlier call of the tool, in Ollama's shape): a 135M model follows the pattern. Asking alone put the
+    # call's first token within 0.1 logit of plain text, so a float-order change (issue #29) flipped it.
     calling = [
         {"role": "system", "content": "Answer only with a <tool_call>."},
-        {"role": "user", "content": "<tool_call>"},
+        {"role": "user", "content": "Weather in Rome?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Rome"}}}],
+        },
+        {"role": "user", "content": "Weather in Paris?"},
     ]
     r = c.chat(model="tiny", messages=calling, tools=[WEATHER], options=opts)
     assert r.message.content == "" and r.done_reason == "stop"
@@ -502,14 +510,14 @@ def _format_and_tools(srv) -> None:
     assert r3.message.content
     # The same prompt as the OpenAI route's for the same conversation (through the tool prompt).
     oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    oai_call = {
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps(dict(call.function.arguments))},
-    }
+
+    def oai_call(i: int, arguments: dict) -> dict:
+        return {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(arguments)}}  # fmt: skip
+
+    oai_calling = [*calling[:2], {"role": "assistant", "content": "", "tool_calls": [oai_call(0, {"city": "Rome"})]}, calling[3]]  # fmt: skip
     want = oai.chat.completions.create(
         model="tiny",
-        messages=[*calling, {"role": "assistant", "content": "", "tool_calls": [oai_call]}, {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'}],
+        messages=[*oai_calling, {"role": "assistant", "content": "", "tool_calls": [oai_call(1, dict(call.function.arguments))]}, {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'}],
         tools=sent, max_tokens=60, temperature=0,
     )  # fmt: skip
     assert r2.prompt_eval_count == want.usage.prompt_tokens

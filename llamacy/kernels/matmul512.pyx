@@ -14,20 +14,16 @@
 #   - dpbusd (u8 x s8, 4 products per int32 lane, no saturation) replaces maddubs + madd; for the K-quants
 #     dpwssd replaces madd + add. Both give the very int32 lanes of the AVX2 code (whose maddubs cannot
 #     saturate on these inputs), so the float part can follow the AVX2 order exactly.
-#   - Prefill (n_tok > RAW_TOK) repacks the rows of a work item (GR rows) once per call into a per-thread
-#     buffer: quants unpacked, fp16 scales converted, K-quant scales expanded to what dpwssd takes. All
-#     the tokens then reuse them, instead of every 4 tokens unpacking again (see lrec, krec).
+#   - Prefill repacks the rows of a work item (GR rows) once per call into a per-thread buffer: quants
+#     unpacked, fp16 scales converted, K-quant scales expanded to what dpwssd takes. All the tokens then
+#     reuse them, instead of every 4 tokens unpacking again (see lanerec, klanerec, krec).
 #   - The 256-bit EVEX forms address 32 ymm registers: a tile is 4 rows x 4 tokens (16 accumulators).
 #   - The scale products d_w * d_x are made 4 rows x 2 tokens per 256-bit multiply (scale_products), stored,
 #     and each FMA takes its one as a broadcast from memory: a load, not a shuffle.
-#   - Few tokens (n_tok <= RAW_TOK, Q4_1 and Q5_1): the same tiles straight from the weights as stored
-#     (ltile from_blocks): with so few tokens, unpacking a block where it is used beats storing and
-#     reloading it.
-#   - Decode (n_tok == 1, Q4_1 and Q5_1): mm_avx2.pyx's decode tile with dpbusd (ldec).
-#   - Q4_0, Q5_0 and Q8_0 (matmul512_lanes.pxi) keep one row per float lane: 8 rows repacked so that each
+#   - The legacy types (matmul512_lanes.pxi) keep one row per float lane: 8 rows repacked so that each
 #     dpbusd takes 4 values of 8 rows against 4 quants of a token broadcast from memory; one conversion and
-#     one FMA per 8 rows and block instead of one per row. Their prefill runs ~1.7-1.9x the per-lane tiles'
-#     rate.
+#     one FMA (two for Q4_1/Q5_1) per 8 rows and block instead of one per row. Their prefill runs ~1.7-1.9x
+#     the per-lane tiles' rate. Decode and a few tokens read the blocks as stored.
 #   - Q4_K, Q5_K and Q6_K (matmul512_klanes.pxi) the same way: 8 rows repacked per super-block, one dpbusd
 #     per 4 values of 8 rows, one vpmulld per sub-block for the 8 rows' scales; prefill ~1.6-1.9x the
 #     per-lane tiles (ktile). Decode reads the blocks as stored and folds 8 rows' lanes into one vector.
@@ -37,15 +33,14 @@
 # Zen 4 (double-pumped) and would change the order of the float sums.
 #
 # Float order (tested in tests/test_kernels_512.py). Per (row, token):
-#   Q4_1, Q5_1: acc(8 lanes) = fma(d_w*d_x, float(lanes_b), acc) over blocks b in order;
-#            Y = hsum8(acc) + sum_b (m_w * s_x) in order (products rounded, then added: no
-#            contraction, see setup.py's -ffp-contract=off). AVX2's formula, bit for bit; also llama.cpp's
-#            vec_dot order for these types.
 #   Q4_0, Q5_0, Q8_0: Y = fma(float(isum_b), d_w*d_x, Y) over blocks b in order, isum_b the block's exact
 #            integer sum (issue #29's new order; llama.cpp's repacked Q4_0 kernels compute this; for Q5_0
 #            and Q8_0 it keeps per-lane sums on x86). Every path here (decode, few tokens, prefill, any
 #            thread count) gives the same bits; AVX2 keeps the per-lane order, within the oracle's tolerance
 #            of this one (issue #29 allows the two ISAs to differ).
+#   Q4_1, Q5_1: a = fma(float(isum_b), d_w*d_x, a), m = fma(m_w, s_x, m) over blocks, Y = a + m (the same
+#            new order with the min's chain beside it; llama.cpp's vec_dot keeps per-lane sums and so does
+#            AVX2 here: d_w*d_x times the 8 lanes, hsum, plus the rounded min products).
 #   Q4_K, Q5_K: a = fma(float(isum_b), d_w*d_x, a), m = fma(float(imin_b), dmin_w*d_x, m) over
 #            super-blocks, Y = a - m (isum_b, imin_b exact integers): llama.cpp's repacked Q4_K order (the
 #            Q4_K kernels equal its ggml_gemv_q4_K_8x8_q8_K bit for bit on the same inputs).
@@ -58,9 +53,8 @@
 #
 # What runs here: the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with n_tok >= 2, and the
 # legacy types and Q4_K/Q5_K/Q6_K with n_tok == 1. Q2_K/Q3_K decode and the float types stay on the AVX2
-# kernels (mm512 returns 0), as does a call whose repack buffer cannot be allocated (but for the row-lane
-# types, which then take their few-token tiles: the same numbers, so no path of them ever leaves this
-# module).
+# kernels (mm512 returns 0), as does a Q2_K/Q3_K call whose repack buffer cannot be allocated (the row-lane
+# types then take their few-token tiles: the same numbers, so no path of them ever leaves this module).
 from libc.math cimport fmaf
 from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memset
@@ -79,13 +73,10 @@ cdef extern from "scratch.h" nogil:
 
 
 cdef enum:
-    R = 4           # rows per tile (prefill and decode)
+    R = 4           # rows per tile of the per-lane types (Q2_K, Q3_K)
     MAXT = 4        # tokens per prefill tile
     GR = 16         # prefill: rows per parallel work item (repacked together)
     TCH = 64        # prefill: tokens per chunk (the chunk's activations stay in L2)
-    PF_TILES = 2    # decode: prefetch distance, in tiles
-    SCH = 16        # prefill: blocks per batch of scale products (ltile)
-    RAW_TOK = 8     # legacy types: up to this many tokens, no repacking (ltile from_blocks)
     LR = 8          # Q4_0, Q5_0, Q8_0 (row lanes): rows per tile, one per float lane (lanerec)
     LANE_PF_TILES = 1  # their decode: prefetch distance, in 8-row tiles
     # Few-token limits of the row-lane types: up to this many tokens the weights are read as stored, 4
@@ -95,7 +86,7 @@ cdef enum:
     # repacking from 4 tokens): as stored wins at 4 and 6 tokens for Q4_K (1.3x, 1.1x) and up to 8 for
     # Q8_0, repacked from 8 for Q4_K (1.17x), from 5 for Q4_0 (1.03-1.21x) and from about 10 for Q8_0
     # (BENCHMARKS.md). A batched server step of a few sequences is such a product.
-    Q4_0_RAW_TOK = 4  # Q4_0, Q5_0 (lanes_dec; see lane_raw_tok)
+    Q4_0_RAW_TOK = 4  # Q4_0, Q4_1, Q5_0, Q5_1 (lanes_dec; see lane_raw_tok)
     Q8_0_RAW_TOK = 8  # Q8_0
     KLANE_RAW_TOK = 7  # Q4_K, Q5_K, Q6_K (klanes_dec)
     KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
@@ -121,16 +112,6 @@ ctypedef fused tshape:
     tok3
     tok4
 
-ctypedef struct row1:
-    char unused
-ctypedef struct row4:
-    char unused
-
-ctypedef fused rshape:
-    row1
-    row4
-
-
 cdef inline int ntoks(const tshape* s) noexcept nogil:
     if tshape is tok1:
         return 1
@@ -142,34 +123,15 @@ cdef inline int ntoks(const tshape* s) noexcept nogil:
         return 4
 
 
-cdef inline int nrows(const rshape* s) noexcept nogil:
-    if rshape is row1:
-        return 1
-    else:
-        return R
-
-
-# The types of the per-lane prefill tiles (ltile, ktile); Q4_0, Q5_0, Q8_0 and Q4_K..Q6_K take the row-lane
-# kernels.
-ctypedef fused pblock:
-    block_q4_1
-    block_q5_1
-    block_q2_K
-    block_q3_K
-
-# Its legacy half (ltile, ldec and the drivers mm_decode, mm_raw): the types with a min.
-ctypedef fused plblock:
-    block_q4_1
-    block_q5_1
-
-# The legacy types in the row-lane order (matmul512_lanes.pxi).
+# The legacy types, all in the row-lane order (matmul512_lanes.pxi).
 ctypedef fused laneblock:
     block_q4_0
+    block_q4_1
     block_q5_0
+    block_q5_1
     block_q8_0
 
 
-include "matmul512_legacy.pxi"
 include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
 include "matmul512_klanes.pxi"
@@ -177,65 +139,53 @@ include "matmul512_x8.pxi"
 
 
 # =========================================================================================================
-# Drivers
-
-
-# One per-lane tile: row tile wt (repacked, or for a legacy type from_blocks the rows as stored) x T tokens
-# from X + t0.
-cdef inline void qtile(const pblock* tag, const tshape* shape, const lsource* src, const void* wt,
-                       const void* X, Py_ssize_t t0, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid,
-                       bint expanded) noexcept nogil:
-    if pblock is block_q2_K or pblock is block_q3_K:
-        if expanded:
-            ktile(tag, shape, <const scx_expanded*>NULL, <const krec*>wt, <const block_q8k*>X + t0 * nb, nb, out,
-                  ldo, nvalid)
-        else:
-            ktile(tag, shape, <const scx_compact*>NULL, <const krec*>wt, <const block_q8k*>X + t0 * nb, nb, out,
-                  ldo, nvalid)
-    else:
-        ltile(tag, shape, src, wt, <const block_q8a*>X + t0 * nb, nb, out, ldo, nvalid)
+# Drivers of the per-lane types (Q2_K, Q3_K): prefill only (their decode is AVX2's)
 
 
 # Rows [r0, r0 + R) (those below `rows`; zeros for the others) into the records of row tile wt.
-cdef inline void repack_tile(const pblock* W, Py_ssize_t rows, Py_ssize_t r0, Py_ssize_t nb, void* wt,
+cdef inline void repack_tile(const k23block* W, Py_ssize_t rows, Py_ssize_t r0, Py_ssize_t nb, krec* wt,
                              bint expand) noexcept nogil:
     cdef int r
     for r in range(R):
-        if pblock is block_q2_K or pblock is block_q3_K:
-            if r0 + r < rows:
-                repack_k(W + (r0 + r) * nb, nb, <krec*>wt, r, expand)
-            else:
-                repack_k_empty(nb, <krec*>wt, r)
+        if r0 + r < rows:
+            repack_k(W + (r0 + r) * nb, nb, wt, r, expand)
         else:
-            if r0 + r < rows:
-                repack_l(W + (r0 + r) * nb, nb, <lrec*>wt, r)
-            else:
-                repack_l_empty(nb, <lrec*>wt, r)
+            repack_k_empty(nb, wt, r)
+
+
+# One tile of row tile wt x T tokens from X + t0.
+cdef inline void qtile(const k23block* tag, const tshape* shape, const krec* wt, const block_q8k* X,
+                       Py_ssize_t t0, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid,
+                       bint expanded) noexcept nogil:
+    if expanded:
+        ktile(tag, shape, <const scx_expanded*>NULL, wt, X + t0 * nb, nb, out, ldo, nvalid)
+    else:
+        ktile(tag, shape, <const scx_compact*>NULL, wt, X + t0 * nb, nb, out, ldo, nvalid)
 
 
 # Row tile wt (output rows from r0, nvalid of them) against tokens [t0, t1): tiles of 4 tokens, then one of
 # the 1-3 left.
-cdef inline void tile_tokens(const pblock* W, const lsource* src, const void* wt, const void* X, Py_ssize_t t0,
+cdef inline void tile_tokens(const k23block* W, const krec* wt, const block_q8k* X, Py_ssize_t t0,
                              Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0, int nvalid,
                              bint expanded) noexcept nogil:
     cdef Py_ssize_t t = t0
     while t + 4 <= t1:
-        qtile(W, <const tok4*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok4*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
         t += 4
     if t1 - t == 3:
-        qtile(W, <const tok3*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok3*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
     elif t1 - t == 2:
-        qtile(W, <const tok2*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok2*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
     elif t1 - t == 1:
-        qtile(W, <const tok1*>NULL, src, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
+        qtile(W, <const tok1*>NULL, wt, X, t, nb, Y + t * ldy + r0, ldy, nvalid, expanded)
 
 
-# Prefill work item g: rows [g*G, g*G + G), repacked into buf (rec bytes per block of R rows), against every
-# token. With one chunk of tokens (n_tok <= TCH) each row tile is repacked right before its tiles run, so
-# that they find it in L1; with more, the whole work item is repacked first and the tokens go chunk by chunk
-# of TCH, each row tile in turn (the work item's rows stay in L2, a chunk's activations too).
-cdef void q_group(const pblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
-                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, char* buf, Py_ssize_t rec) noexcept nogil:
+# Prefill work item g: rows [g*G, g*G + G), repacked into buf (nb records per R rows), against every token.
+# With one chunk of tokens (n_tok <= TCH) each row tile is repacked right before its tiles run, so that they
+# find it in L1; with more, the whole work item is repacked first and the tokens go chunk by chunk of TCH,
+# each row tile in turn (the work item's rows stay in L2, a chunk's activations too).
+cdef void q_group(const k23block* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X, Py_ssize_t n_tok,
+                  float* Y, Py_ssize_t ldy, Py_ssize_t G, Py_ssize_t g, krec* buf) noexcept nogil:
     cdef Py_ssize_t r0 = g * G
     cdef Py_ssize_t r1 = min(rows, r0 + G)
     cdef Py_ssize_t ntiles = (r1 - r0 + R - 1) // R
@@ -243,69 +193,19 @@ cdef void q_group(const pblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X
     cdef bint expand = n_tok > COMPACT_TOK
     if n_tok <= TCH:
         for i in range(ntiles):
-            repack_tile(W, r1, r0 + i * R, nb, buf + i * nb * rec, expand)
-            tile_tokens(W, <const from_records*>NULL, buf + i * nb * rec, X, 0, n_tok, nb, Y, ldy, r0 + i * R,
+            repack_tile(W, r1, r0 + i * R, nb, buf + i * nb, expand)
+            tile_tokens(W, buf + i * nb, X, 0, n_tok, nb, Y, ldy, r0 + i * R,
                         <int>min(<Py_ssize_t>R, r1 - r0 - i * R), expand)
         return
     for i in range(ntiles):
-        repack_tile(W, r1, r0 + i * R, nb, buf + i * nb * rec, expand)
+        repack_tile(W, r1, r0 + i * R, nb, buf + i * nb, expand)
     t0 = 0
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)
         for i in range(ntiles):
-            tile_tokens(W, <const from_records*>NULL, buf + i * nb * rec, X, t0, t1, nb, Y, ldy, r0 + i * R,
+            tile_tokens(W, buf + i * nb, X, t0, t1, nb, Y, ldy, r0 + i * R,
                         <int>min(<Py_ssize_t>R, r1 - r0 - i * R), expand)
         t0 = t1
-
-
-# buf: the repacked rows of one work item (G rows).
-cdef void mm_prefill(const pblock* W, Py_ssize_t rows, Py_ssize_t nb, const void* X, Py_ssize_t n_tok,
-                     float* Y, Py_ssize_t ldy, Py_ssize_t G, char* buf) noexcept nogil:
-    cdef Py_ssize_t g, ngroups = (rows + G - 1) // G
-    cdef Py_ssize_t rec = sizeof(krec) if pblock is block_q2_K or pblock is block_q3_K else sizeof(lrec)
-    for g in range(ngroups):
-        q_group(W, rows, nb, X, n_tok, Y, ldy, G, g, buf, rec)
-
-
-# Few tokens (n_tok <= RAW_TOK), no repacking: rows [g*R, g*R + R) against all tokens; rows left over at
-# the end (fewer than R) one at a time with the decode tile, token by token.
-cdef inline void l_raw_group(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
-                             Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, Py_ssize_t g) noexcept nogil:
-    cdef Py_ssize_t r = g * R
-    cdef Py_ssize_t t
-    if r + R <= rows:
-        tile_tokens(W, <const from_blocks*>NULL, W + r * nb, X, 0, n_tok, nb, Y, ldy, r, R, False)
-    else:
-        while r < rows:
-            for t in range(n_tok):
-                ldec(W + r * nb, <const row1*>NULL, X + t * nb, nb, Y + t * ldy + r)
-            r += 1
-
-
-cdef void mm_raw(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
-                 float* Y, Py_ssize_t ldy) noexcept nogil:
-    cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
-    for g in range(ngroups):
-        l_raw_group(W, rows, nb, X, n_tok, Y, ldy, g)
-
-
-# Decode: rows [g*R, g*R + R) against one token.
-cdef inline void l_decode_group(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
-                                float* Y, Py_ssize_t g) noexcept nogil:
-    cdef Py_ssize_t r = g * R
-    if r + R <= rows:
-        ldec(W + r * nb, <const row4*>NULL, X, nb, Y + r)
-    else:
-        while r < rows:
-            ldec(W + r * nb, <const row1*>NULL, X, nb, Y + r)
-            r += 1
-
-
-cdef void mm_decode(const plblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X,
-                    float* Y) noexcept nogil:
-    cdef Py_ssize_t g, ngroups = (rows + R - 1) // R
-    for g in range(ngroups):
-        l_decode_group(W, rows, nb, X, Y, g)
 
 
 # Rows per prefill work item whose repacked form takes row_bytes each: GR, or fewer (a multiple of R, at
@@ -326,30 +226,24 @@ cdef int mm512(const qblock* W, Py_ssize_t rows, Py_ssize_t cols, const void* X,
     cdef bint kq = qblock is block_q2_K or qblock is block_q3_K or qblock is block_q4_K \
         or qblock is block_q5_K or qblock is block_q6_K
     cdef Py_ssize_t nb = cols // (QK_K if kq else QK8_0)
-    cdef Py_ssize_t G, rec
-    cdef char* buf
+    cdef Py_ssize_t G, g
+    cdef krec* buf
     if rows <= 0 or n_tok <= 0 or nb <= 0:
         return 0
-    if qblock is block_q4_0 or qblock is block_q5_0 or qblock is block_q8_0:
+    if qblock is block_q4_0 or qblock is block_q4_1 or qblock is block_q5_0 or qblock is block_q5_1 \
+            or qblock is block_q8_0:
         return mm512_lanes(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
     elif qblock is block_q4_K or qblock is block_q5_K or qblock is block_q6_K:
         return mm512_klanes(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy)
-    else:  # the per-lane types (pblock)
-        if qblock is block_q4_1 or qblock is block_q5_1:
-            if n_tok == 1:
-                mm_decode(W, rows, nb, <const block_q8a*>X, Y)
-                return 1
-            if n_tok <= RAW_TOK:
-                mm_raw(W, rows, nb, <const block_q8a*>X, n_tok, Y, ldy)
-                return 1
-        elif n_tok == 1:
+    else:  # Q2_K, Q3_K: prefill tiles (per-lane order); decode stays on AVX2
+        if n_tok == 1:
             return 0
-        rec = sizeof(krec) if kq else sizeof(lrec)
-        G = group_rows(nb * rec // R)
-        buf = <char*>lc_scratch(G // R * nb * rec)
+        G = group_rows(nb * sizeof(krec) // R)
+        buf = <krec*>lc_scratch(G // R * nb * sizeof(krec))
         if buf == NULL:
             return 0  # out of memory: AVX2 needs none
-        mm_prefill(W, rows, nb, X, n_tok, Y, ldy, G, buf)
+        for g in range((rows + G - 1) // G):
+            q_group(W, rows, nb, <const block_q8k*>X, n_tok, Y, ldy, G, g, buf)
         return 1
 
 

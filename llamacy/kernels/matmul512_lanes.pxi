@@ -1,19 +1,20 @@
-# The AVX-512 VNNI kernels of Q4_0, Q5_0 and Q8_0 in the row-lane float order: repacking, prefill, decode
-# and few-token tiles, and their drivers. Included by matmul512.pyx (compiled with its AVX-512 flags), whose
-# types, constants and legacy helper load_u it uses.
+# The AVX-512 VNNI kernels of the legacy 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in the row-lane float
+# order: repacking, prefill, decode and few-token tiles, and their drivers. Included by matmul512.pyx
+# (compiled with its AVX-512 flags), whose types and constants it uses.
 #
-# Float order (issue #29's new order; for Q4_0 the one llama.cpp's repacked Q4_0 kernels use, for Q5_0 and
-# Q8_0 not llama.cpp's on x86, whose vec_dot and tinyBLAS keep per-lane sums): per (row, token), block by block,
-# sum = fma(float(isum), d_w * d_x, sum) with isum the block's exact integer sum. A row's running sum is one
-# float lane, so the tiles put 8 rows side by side and advance them with one conversion and one FMA per token
-# and block, where the per-lane order (matmul512_legacy.pxi: 8 lanes per (row, token), summed at the end)
-# spends a conversion and an FMA per row. Which lanes hold which rows changes nothing in the result: decode,
-# few tokens, prefill and every thread count give the same bits. Q4_1 and Q5_1 keep the per-lane order
-# (matmul512_legacy.pxi): their min term would need a second chain, and SmolLM2's Q4_1 stays as llama.cpp
-# computes it.
+# Float order (issue #29's new order; for Q4_0 the one llama.cpp's repacked Q4_0 kernels use; for the others
+# not llama.cpp's on x86, whose vec_dot and tinyBLAS keep per-lane sums): per (row, token), block by block,
+# sum = fma(float(isum), d_w * d_x, sum) with isum the block's exact integer sum; the types with a min (Q4_1,
+# Q5_1) carry a second chain beside it, mins = fma(m_w, s_x, mins) (s_x = d_x * the token block's sum of
+# quants), and Y = sum + mins. A row's running sums are one float lane each, so the tiles put 8 rows side by
+# side and advance them with one conversion and one or two FMAs per token and block, where the per-lane
+# order (8 lanes per (row, token), summed at the end) spends a conversion and an FMA per row. Which lanes
+# hold which rows changes nothing in the result: decode, few tokens, prefill and every thread count give the
+# same bits.
 #
-# The quants enter dpbusd unsigned (load_u: q + 8 for Q4_0, q + 16 for Q5_0, q + 128 for Q8_0); the offset's
-# share, offset x the token block's sum of quants, is subtracted through the accumulator's start (the seeds).
+# The quants enter dpbusd unsigned (load_u: q + 8 for Q4_0, q + 16 for Q5_0, q + 128 for Q8_0, q itself for
+# Q4_1 and Q5_1); the offset's share, offset x the token block's sum of quants, is subtracted through the
+# accumulator's start (the seeds).
 
 
 # One 32-value block of LR rows, repacked for the prefill tile, which keeps one row per lane: q[g] is the 32
@@ -23,22 +24,38 @@
 ctypedef struct lanerec:
     uint8_t q[8][32]
     float d[LR]
+    float m[LR]  # the rows' fp32 mins (Q4_1, Q5_1; unused by the others)
 
 
-# The offset of a type's unsigned quants (load_u): q + 8 (Q4_0), q + 16 (Q5_0), q + 128 (Q8_0).
+# One weight block's quants as the unsigned operand of dpbusd: the stored value (Q4_1, Q5_1), q + 8 (Q4_0),
+# q + 16 (Q5_0), q + 128 (Q8_0).
+cdef inline __m256i load_u(const laneblock* wb) noexcept nogil:
+    if laneblock is block_q8_0:
+        return _mm256_xor_si256(_mm256_loadu_si256(<const __m256i*>wb.qs), _mm256_set1_epi8(-128))
+    elif laneblock is block_q4_0 or laneblock is block_q4_1:
+        return unpack_nibbles(wb.qs)
+    else:
+        return _mm256_or_si256(unpack_nibbles(wb.qs),
+                               _mm256_and_si256(unpack_bits(wb.qh), _mm256_set1_epi8(0x10)))
+
+
+# The offset of a type's unsigned quants (load_u): q + 8 (Q4_0), q + 16 (Q5_0), q + 128 (Q8_0); none for
+# the types with a min.
 cdef inline int lane_offset(const laneblock* tag) noexcept nogil:
     if laneblock is block_q4_0:
         return 8
     elif laneblock is block_q5_0:
         return 16
-    else:
+    elif laneblock is block_q8_0:
         return 128
+    else:
+        return 0
 
 
 # Up to how many tokens a product reads the blocks as stored (lanes_dec) rather than repacked. Q8_0's raw
 # tile needs no unpacking and wins up to 8 tokens; Q4_0 unpacks nibbles in every pass and repacking wins
 # from 5 (llama-3.2-1b at 2 threads: BENCHMARKS.md); Q5_0, unpacked like Q4_0 plus its fifth bits, follows
-# Q4_0 (not measured on its own).
+# Q4_0 (not measured on its own), and so do Q4_1 and Q5_1.
 cdef inline int lane_raw_tok(const laneblock* tag) noexcept nogil:
     if laneblock is block_q8_0:
         return Q8_0_RAW_TOK
@@ -47,10 +64,14 @@ cdef inline int lane_raw_tok(const laneblock* tag) noexcept nogil:
 
 
 # The accumulator seed for one token block qy: minus the offset's share c * (sum of 4 quants) per lane, so
-# that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy (as AVX2's token_offset).
+# that dpbusd(seed, u, qy) is the lane sum of (u - c) * qy (as AVX2's token_offset); zero for the types with
+# a min (no offset).
 cdef inline __m256i token_seed(const laneblock* tag, __m256i qy) noexcept nogil:
     cdef __m256i zero = _mm256_setzero_si256()
-    return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(<char>lane_offset(tag)), qy))
+    if laneblock is block_q4_1 or laneblock is block_q5_1:
+        return zero
+    else:
+        return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(<char>lane_offset(tag)), qy))
 
 
 # sums[i] = -c * (sum of token block i's 32 quants), for the n blocks of X (the prefill tile's seeds: the
@@ -60,6 +81,9 @@ cdef void token_sums(const laneblock* tag, const block_q8a* X, Py_ssize_t n, int
     cdef __m256i ones = _mm256_set1_epi8(1)
     cdef int32_t c = lane_offset(tag)
     cdef Py_ssize_t i
+    if c == 0:
+        memset(sums, 0, n * sizeof(int32_t))
+        return
     for i in range(n):
         sums[i] = -c * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>X[i].qs)))
 
@@ -115,20 +139,25 @@ cdef void repack_lanes(const laneblock* w, int nrows, Py_ssize_t nb, lanerec* ds
             if r < nrows:
                 v[r] = load_u(w + r * nb + b)
                 dst[b].d[r] = fp16(w[r * nb + b].d)
+                if laneblock is block_q4_1 or laneblock is block_q5_1:
+                    dst[b].m[r] = fp16(w[r * nb + b].m)
             else:
                 v[r] = zero
                 dst[b].d[r] = 0.0
+                dst[b].m[r] = 0.0
         transpose_groups(v, &dst[b].q[0][0])
 
 
 # One prefill tile: the LR rows of records rec x T tokens from y (nb blocks apart; sums: their seeds);
 # out[t * ldo + r] for r < nvalid. Per token and block: 8 dpbusd, each against 4 of the token's quants
 # broadcast from memory (two chains of 4, for latency), one conversion, one multiply and one FMA for the 8
-# rows.
-cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y,
+# rows (and for the types with a min one more FMA).
+cdef void lanes_tile(const laneblock* tag, const tshape* shape, const lanerec* rec, const block_q8a* y,
                      const int32_t* sums, Py_ssize_t nb, float* out, Py_ssize_t ldo, int nvalid) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m256 acc[MAXT]
+    cdef __m256 mins[MAXT]
+    cdef __m256 mw
     cdef __m256i wq[8]
     cdef __m256i lo, hi
     cdef __m256i zero = _mm256_setzero_si256()
@@ -140,10 +169,14 @@ cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y
     cdef Py_ssize_t b
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            mins[t] = _mm256_setzero_ps()
     for b in range(nb):
         for g in range(8):
             wq[g] = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
         dw = _mm256_loadu_ps(rec[b].d)
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            mw = _mm256_loadu_ps(rec[b].m)
         for t in range(T):
             yb = y + t * nb + b
             xq = <const uint8_t*>yb.qs
@@ -154,7 +187,11 @@ cdef void lanes_tile(const tshape* shape, const lanerec* rec, const block_q8a* y
                 hi = _mm256_dpbusd_epi32(hi, wq[g + 4], _mm256_set1_epi32(<int>load_u32(xq + 16 + 4 * g)))
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)),
                                      _mm256_mul_ps(dw, _mm256_set1_ps(yb.d)), acc[t])
+            if laneblock is block_q4_1 or laneblock is block_q5_1:
+                mins[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(yb.s), mins[t])
     for t in range(T):
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            acc[t] = _mm256_add_ps(acc[t], mins[t])
         _mm256_storeu_ps(res, acc[t])
         for r in range(nvalid):
             out[t * ldo + r] = res[r]
@@ -167,12 +204,12 @@ cdef inline void pair_quants(const laneblock* a, const laneblock* b, __m256i* lo
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
     cdef __m256i c128 = _mm256_set1_epi8(-128)
     cdef __m256i ua, ub
-    if laneblock is block_q4_0:  # low nibbles are values 0..15, high nibbles 16..31
+    if laneblock is block_q4_0 or laneblock is block_q4_1:  # low nibbles: values 0..15, high: 16..31
         X = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(<const __m128i*>a.qs)),
                                     _mm_loadu_si128(<const __m128i*>b.qs), 1)
         lo[0] = _mm256_and_si256(X, m4)
         hi[0] = _mm256_and_si256(_mm256_srli_epi16(X, 4), m4)
-    elif laneblock is block_q5_0:  # the fifth bits come per row: whole rows, then their halves swapped
+    elif laneblock is block_q5_0 or laneblock is block_q5_1:  # fifth bits per row: rows, then halves swapped
         ua = load_u(a)
         ub = load_u(b)
         lo[0] = _mm256_permute2x128_si256(ua, ub, 0x20)
@@ -198,14 +235,16 @@ cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y,
                     Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m256 acc[MAXT]
+    cdef __m256 mins[MAXT]
     cdef __m256i lo[4]
     cdef __m256i hi[4]
     cdef __m256i a[4]
     cdef __m256i xlo, xhi, seed
     cdef __m256i offset = _mm256_set1_epi8(<char>lane_offset(w))
     cdef __m256i zero = _mm256_setzero_si256()
-    cdef __m256 dw
+    cdef __m256 dw, mw
     cdef uint16_t dh[LR]
+    cdef uint16_t mh[LR]
     cdef const block_q8a* yb
     cdef float res[LR]
     cdef int p, t
@@ -214,26 +253,41 @@ cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y,
     cdef Py_ssize_t pfstep = LR * sizeof(laneblock)
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            mins[t] = _mm256_setzero_ps()
     for b in range(nb):
         lc_prefetch_span(pf + b * pfstep, pfstep)
         for p in range(4):
             pair_quants(w + 2 * p * nb + b, w + (2 * p + 1) * nb + b, &lo[p], &hi[p])
             dh[p] = w[2 * p * nb + b].d
             dh[4 + p] = w[(2 * p + 1) * nb + b].d
+            if laneblock is block_q4_1 or laneblock is block_q5_1:
+                mh[p] = w[2 * p * nb + b].m
+                mh[4 + p] = w[(2 * p + 1) * nb + b].m
         # through memory (lc_spill): 8 narrow stores and one load, not inserts on the shuffle pipes
         lc_spill(<const float*>dh)
         dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>dh))
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            lc_spill(<const float*>mh)
+            mw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>mh))
         for t in range(T):
             yb = y + t * nb + b
             xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>yb.qs))
             xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(<const __m128i*>(yb.qs + 16)))
-            seed = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, offset, xlo), offset, xhi))
+            if laneblock is block_q4_1 or laneblock is block_q5_1:
+                seed = zero
+            else:
+                seed = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, offset, xlo), offset, xhi))
             for p in range(4):
                 a[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(seed, lo[p], xlo), hi[p], xhi)
             acc[t] = _mm256_fmadd_ps(
                 _mm256_cvtepi32_ps(_mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]))),
                 _mm256_mul_ps(dw, _mm256_set1_ps(yb.d)), acc[t])
+            if laneblock is block_q4_1 or laneblock is block_q5_1:
+                mins[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(yb.s), mins[t])
     for t in range(T):
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            acc[t] = _mm256_add_ps(acc[t], mins[t])
         _mm256_storeu_ps(res, acc[t])
         for p in range(4):
             out[t * ldo + 2 * p] = res[p]
@@ -246,18 +300,24 @@ cdef void lanes_raw4(const laneblock* w, const tshape* shape, const block_q8a* y
                      Py_ssize_t ldo) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m128 acc[MAXT]
+    cdef __m128 mins[MAXT]
     cdef __m256i qx[R]
     cdef __m256i qy, seed
-    cdef __m128 dw
+    cdef __m128 dw, mw
     cdef const block_q8a* yb
     cdef float res[R]
     cdef int r, t
     cdef Py_ssize_t b
     for t in range(T):
         acc[t] = _mm_setzero_ps()
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            mins[t] = _mm_setzero_ps()
     for b in range(nb):
         dw = _mm_cvtph_ps(_mm_set_epi32(0, 0, <int>((<uint32_t>w[3 * nb + b].d) << 16 | w[2 * nb + b].d),
                                         <int>((<uint32_t>w[nb + b].d) << 16 | w[b].d)))
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            mw = _mm_cvtph_ps(_mm_set_epi32(0, 0, <int>((<uint32_t>w[3 * nb + b].m) << 16 | w[2 * nb + b].m),
+                                            <int>((<uint32_t>w[nb + b].m) << 16 | w[b].m)))
         for r in range(R):
             qx[r] = load_u(w + r * nb + b)
         for t in range(T):
@@ -268,7 +328,11 @@ cdef void lanes_raw4(const laneblock* w, const tshape* shape, const block_q8a* y
                 _mm256_dpbusd_epi32(seed, qx[0], qy), _mm256_dpbusd_epi32(seed, qx[1], qy),
                 _mm256_dpbusd_epi32(seed, qx[2], qy), _mm256_dpbusd_epi32(seed, qx[3], qy))),
                 _mm_mul_ps(dw, _mm_set1_ps(yb.d)), acc[t])
+            if laneblock is block_q4_1 or laneblock is block_q5_1:
+                mins[t] = _mm_fmadd_ps(mw, _mm_set1_ps(yb.s), mins[t])
     for t in range(T):
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            acc[t] = _mm_add_ps(acc[t], mins[t])
         _mm_storeu_ps(res, acc[t])
         for r in range(R):
             out[t * ldo + r] = res[r]
@@ -277,13 +341,19 @@ cdef void lanes_raw4(const laneblock* w, const tshape* shape, const block_q8a* y
 # One row x one token in scalar float (the last 1-3 rows of a matrix).
 cdef float lanes_dec1(const laneblock* w, const block_q8a* y, Py_ssize_t nb) noexcept nogil:
     cdef float acc = 0.0
+    cdef float mins = 0.0
     cdef __m256i qy
     cdef Py_ssize_t b
     for b in range(nb):
         qy = _mm256_loadu_si256(<const __m256i*>y[b].qs)
         acc = fmaf(<float>hsum8_epi32(_mm256_dpbusd_epi32(token_seed(w, qy), load_u(w + b), qy)),
                    fp16(w[b].d) * y[b].d, acc)
-    return acc
+        if laneblock is block_q4_1 or laneblock is block_q5_1:
+            mins = fmaf(fp16(w[b].m), y[b].s, mins)
+    if laneblock is block_q4_1 or laneblock is block_q5_1:
+        return acc + mins
+    else:
+        return acc
 
 
 # ---- drivers
@@ -295,14 +365,14 @@ cdef inline void lanes_tokens(const laneblock* W, const lanerec* rec, const bloc
                               Py_ssize_t r0, int nvalid) noexcept nogil:
     cdef Py_ssize_t t = t0
     while t + 4 <= t1:
-        lanes_tile(<const tok4*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+        lanes_tile(W, <const tok4*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
         t += 4
     if t1 - t == 3:
-        lanes_tile(<const tok3*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+        lanes_tile(W, <const tok3*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
     elif t1 - t == 2:
-        lanes_tile(<const tok2*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+        lanes_tile(W, <const tok2*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
     elif t1 - t == 1:
-        lanes_tile(<const tok1*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
+        lanes_tile(W, <const tok1*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
 
 
 # Prefill work item g: rows [g*G, g*G + G), repacked LR at a time into buf (nb records per LR rows), against

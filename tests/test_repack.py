@@ -1,4 +1,4 @@
-"""Q4_0 and Q4_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
+"""Q4_0, Q4_1 and Q4_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
 matmul512_x8.pxi).
 
 The tiles must give the very bits the stored rows give, on every path (decode, few tokens, prompt chunks)
@@ -16,11 +16,11 @@ from llamacy.engine import Llama
 from llamacy.kernels import matmul as mm
 from llamacy.kernels import quantize as qz
 from llamacy.kernels import repack as rp
-from llamacy.model.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED, repack_enabled
+from llamacy.model.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED, repack_enabled
 
 needs_tiles = pytest.mark.skipif(not mm.tiles_available(), reason="8-row tiles need AVX-512 VNNI")
-LAYOUT = {QT.Q4_0: LAYOUT_Q4_0_X8, QT.Q4_K: LAYOUT_Q4_K_X8}
-TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_K], ids=lambda t: t.name)
+LAYOUT = {QT.Q4_0: LAYOUT_Q4_0_X8, QT.Q4_1: LAYOUT_Q4_1_X8, QT.Q4_K: LAYOUT_Q4_K_X8}
+TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K], ids=lambda t: t.name)
 
 
 def _quantized(wtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -28,14 +28,17 @@ def _quantized(wtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     return qz.quantize(int(wtype), w)
 
 
-def _q4_0_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Q4_0's layout as stated in matmul512_x8.pxi: per 8 rows and block, the 8 fp16 scales, then for each
-    4-byte group g of the quants the 8 rows' bytes 4g..4g+3 side by side."""
+def _q4_0_tiles(raw: np.ndarray, rows: int, cols: int, has_min: bool = False) -> np.ndarray:
+    """Q4_0's layout as stated in matmul512_x8.pxi: per 8 rows and block, the 8 fp16 scales (Q4_1: then the
+    8 fp16 mins), then for each 4-byte group g of the quants the 8 rows' bytes 4g..4g+3 side by side."""
     nb = cols // 32
-    blocks = raw.reshape(rows // 8, 8, nb, 18)
-    scales = blocks[:, :, :, :2].transpose(0, 2, 1, 3).reshape(rows // 8, nb, 16)
-    quants = blocks[:, :, :, 2:].reshape(rows // 8, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4)
-    return np.concatenate([scales, quants.reshape(rows // 8, nb, 128)], axis=2).reshape(-1)
+    head = 4 if has_min else 2
+    blocks = raw.reshape(rows // 8, 8, nb, head + 16)
+    heads = [
+        blocks[:, :, :, h : h + 2].transpose(0, 2, 1, 3).reshape(rows // 8, nb, 16) for h in range(0, head, 2)
+    ]
+    quants = blocks[:, :, :, head:].reshape(rows // 8, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4)
+    return np.concatenate([*heads, quants.reshape(rows // 8, nb, 128)], axis=2).reshape(-1)
 
 
 def _scales_mins_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -70,9 +73,9 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
     raw = _quantized(wtype, rows, cols)
     tiles, layout = rp.repack_tiles(int(wtype), raw, rows, cols, 2)
     assert layout == LAYOUT[wtype] == rp.tile_layout(int(wtype), rows, cols)
-    if wtype == QT.Q4_0:
+    if wtype in (QT.Q4_0, QT.Q4_1):
         assert tiles.nbytes == raw.nbytes
-        np.testing.assert_array_equal(tiles, _q4_0_tiles(raw, rows, cols))
+        np.testing.assert_array_equal(tiles, _q4_0_tiles(raw, rows, cols, has_min=wtype == QT.Q4_1))
     else:
         assert tiles.nbytes == rows * cols // 256 * 148
         np.testing.assert_array_equal(tiles, _q4_k_tiles(raw, rows, cols))
@@ -144,9 +147,11 @@ def test_repack_off_by_environment(monkeypatch):
 
 
 @needs_tiles
-@pytest.mark.parametrize(("wtype", "tied"), [(QT.Q4_0, True), (QT.Q4_0, False), (QT.Q4_K, False)])
+@pytest.mark.parametrize(
+    ("wtype", "tied"), [(QT.Q4_0, True), (QT.Q4_0, False), (QT.Q4_1, False), (QT.Q4_K, False)]
+)
 def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied):
-    """A Q4_0 / Q4_K model loaded repacked and as stored: the same logits bit for bit, whole prompt,
+    """A Q4_0 / Q4_1 / Q4_K model loaded repacked and as stored: the same logits bit for bit, whole prompt,
     micro-batches and one token at a time, 1 and 2 threads; its layer matrices are tiles, its token
     embeddings (the head too, when tied) rows."""
     wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype == QT.Q4_K else {}

@@ -22,10 +22,10 @@ from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
 from llamacy.kernels.simd cimport HAVE_SIMD
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_K
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, N_LAYOUTS, layout_row_bytes, layout_slot, mm_try_fn, traits_row_bytes,
-    type_traits, type_traits_of, unknown_type, vec_dot_fn,
+    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, N_LAYOUTS, layout_row_bytes, layout_slot, mm_try_fn,
+    traits_row_bytes, type_traits, type_traits_of, unknown_type, vec_dot_fn,
 )
 
 from llamacy.kernels.parallel import ensure_threads
@@ -83,7 +83,13 @@ def vnni_available():
 def tiles_available():
     """True if matmul reads weights repacked into 8-row tiles (kernels/repack.pyx) here: the VNNI kernels
     are on (this CPU, this build, LLAMACY_NO_AVX512 unset)."""
-    return _vnni_on and layout_slot(LAYOUT_Q4_0_X8)[0] != NULL and layout_slot(LAYOUT_Q4_K_X8)[0] != NULL
+    cdef int layout
+    if not _vnni_on:
+        return False
+    for layout in range(1, N_LAYOUTS):
+        if layout_slot(layout)[0] == NULL:
+            return False
+    return True
 
 
 def kernel_path():
@@ -302,7 +308,7 @@ def matmul_tiled_py(W_tiles, int layout, Py_ssize_t rows, x, int nthreads=1):
     uint8, rows a multiple of 8), through the kernel the model runs for it."""
     if not tiles_available():
         raise ValueError(f"8-row tiles need the AVX-512 VNNI kernels: {AVX512_STATUS}")
-    cdef int wtype = {LAYOUT_Q4_0_X8: T_Q4_0, LAYOUT_Q4_K_X8: T_Q4_K}.get(layout, -1)
+    cdef int wtype = {LAYOUT_Q4_0_X8: T_Q4_0, LAYOUT_Q4_1_X8: T_Q4_1, LAYOUT_Q4_K_X8: T_Q4_K}.get(layout, -1)
     if wtype < 0:
         raise ValueError(f"unknown tile layout {layout}")
     xa = _activations(x)

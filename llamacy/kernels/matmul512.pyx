@@ -27,8 +27,8 @@
 #   - Q4_K, Q5_K and Q6_K (matmul512_klanes.pxi) the same way: 8 rows repacked per super-block, one dpbusd
 #     per 4 values of 8 rows, one vpmulld per sub-block for the 8 rows' scales; prefill ~1.6-1.9x the
 #     per-lane tiles (ktile). Decode reads the blocks as stored and folds 8 rows' lanes into one vector.
-#   - Q4_0 and Q4_K repacked at load into 8-row tiles (model/repack.py; matmul512_x8.pxi): no per-product
-#     repacking at all; the same chains as the row-lane kernels, so the same bits.
+#   - Q4_0, Q4_1 and Q4_K repacked at load into 8-row tiles (model/repack.py; matmul512_x8.pxi): no
+#     per-product repacking at all; the same chains as the row-lane kernels, so the same bits.
 # The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add multiplier throughput on
 # Zen 4 (double-pumped) and would change the order of the float sums.
 #
@@ -64,7 +64,7 @@ from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, layout_slot, mm_try_fn, type_traits, writable_traits,
+    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, layout_slot, mm_try_fn, type_traits, writable_traits,
 )
 
 # Each thread that calls mm512 keeps one buffer for the repacked rows of its work items (scratch.h).
@@ -269,4 +269,5 @@ def fill_traits():
     vnni(T_Q5_K, <mm_try_fn>mm512[block_q5_K])
     vnni(T_Q6_K, <mm_try_fn>mm512[block_q6_K])
     layout_slot(LAYOUT_Q4_0_X8)[0] = mm512_q4_0_x8
+    layout_slot(LAYOUT_Q4_1_X8)[0] = mm512_q4_1_x8
     layout_slot(LAYOUT_Q4_K_X8)[0] = mm512_q4_k_x8

@@ -1,4 +1,4 @@
-# Q4_0 and Q4_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
+# Q4_0, Q4_1 and Q4_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
 # model/repack.py decides which): the VNNI products that read them. Included by matmul512.pyx, whose types
 # and the row-lane helpers of matmul512_lanes.pxi and matmul512_klanes.pxi it uses.
 #
@@ -11,8 +11,9 @@
 #
 # Float order: each row's chain is the row-lane one (Q4_K: klanes_tile's two chains), fma(float(isum_b),
 # d_w * d_x, sum) block by block with isum_b the block's exact integer sum (the seed adds -8 x the token
-# block's quant sum first, as lanes_tile's does; integer sums are exact in any order). So a repacked matrix
-# gives the very bits of the same matrix as stored, on every path and thread count (tests/test_repack.py).
+# block's quant sum first, as lanes_tile's does; integer sums are exact in any order; Q4_1 has no seed and
+# its mins' chain beside). So a repacked matrix gives the very bits of the same matrix as stored, on every
+# path and thread count (tests/test_repack.py).
 
 
 # One 32-value block of 8 rows: d, the rows' fp16 scales; q[g], 32 bytes, row r's stored qs bytes 4g..4g+3
@@ -25,12 +26,26 @@ ctypedef struct x8rec:
     uint8_t q[4][32]
 
 
+# Q4_1's block of 8 rows: as x8rec, with the rows' fp16 mins after their scales. 160 bytes, 8 stored blocks'.
+ctypedef struct x8rec_min:
+    uint16_t d[LR]
+    uint16_t m[LR]
+    uint8_t q[4][32]
+
+ctypedef fused x8any:
+    x8rec
+    x8rec_min
+
+
 # One tile of the 8 rows of records rec x T tokens from y (nb blocks apart; sums: their seeds, or NULL to
-# compute them here); out[t * ldo + r]. pf: bytes to request ahead, block by block (NULL: none).
-cdef void x8_tile(const tshape* shape, const x8rec* rec, const block_q8a* y, const int32_t* sums,
+# compute them here; Q4_1 has none); out[t * ldo + r]. pf: bytes to request ahead, block by block (NULL:
+# none).
+cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, const int32_t* sums,
                   Py_ssize_t nb, float* out, Py_ssize_t ldo, const char* pf) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m256 acc[MAXT]
+    cdef __m256 mins[MAXT]
+    cdef __m256 mw
     cdef __m256i wq[8]
     cdef __m256i p, lo, hi
     cdef __m256i zero = _mm256_setzero_si256()
@@ -45,18 +60,24 @@ cdef void x8_tile(const tshape* shape, const x8rec* rec, const block_q8a* y, con
     cdef Py_ssize_t b
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
+        if x8any is x8rec_min:
+            mins[t] = _mm256_setzero_ps()
     for b in range(nb):
         if pf != NULL:
-            lc_prefetch_span(pf + b * sizeof(x8rec), sizeof(x8rec))
+            lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
         for g in range(4):
             p = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
             wq[g] = _mm256_and_si256(p, m4)
             wq[g + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
         dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].d))
+        if x8any is x8rec_min:
+            mw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].m))
         for t in range(T):
             yb = y + t * nb + b
             xq = <const uint8_t*>yb.qs
-            if sums != NULL:
+            if x8any is x8rec_min:
+                seed = 0
+            elif sums != NULL:
                 seed = sums[t * nb + b]
             else:
                 seed = -8 * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>xq)))
@@ -67,14 +88,18 @@ cdef void x8_tile(const tshape* shape, const x8rec* rec, const block_q8a* y, con
                 hi = _mm256_dpbusd_epi32(hi, wq[g + 4], _mm256_set1_epi32(<int>load_u32(xq + 16 + 4 * g)))
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)),
                                      _mm256_mul_ps(dw, _mm256_set1_ps(yb.d)), acc[t])
+            if x8any is x8rec_min:
+                mins[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(yb.s), mins[t])
     for t in range(T):
+        if x8any is x8rec_min:
+            acc[t] = _mm256_add_ps(acc[t], mins[t])
         _mm256_storeu_ps(res, acc[t])
         for r in range(LR):
             out[t * ldo + r] = res[r]
 
 
 # Tile rec (output rows from r0) against tokens [t0, t1): tiles of 4 tokens, then one of the 1-3 left.
-cdef inline void x8_tokens(const x8rec* rec, const block_q8a* X, const int32_t* sums, Py_ssize_t t0,
+cdef inline void x8_tokens(const x8any* rec, const block_q8a* X, const int32_t* sums, Py_ssize_t t0,
                            Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0,
                            const char* pf) noexcept nogil:
     cdef Py_ssize_t t = t0
@@ -93,23 +118,22 @@ cdef inline void x8_tokens(const x8rec* rec, const block_q8a* X, const int32_t* 
         x8_tile(<const tok1*>NULL, rec, X + t * nb, s, nb, Y + t * ldy + r0, ldy, pf)
 
 
-# The product of rows (a multiple of LR) repacked as x8rec tiles. Up to TCH tokens, tile by tile over all
-# the tokens, the next tile's bytes requested while one is read (decode and few tokens stream the weights);
-# more, chunk by chunk of TCH tokens, each tile of the call's rows in turn (the chunk's activations stay in
-# L2). The seeds come from a scratch buffer, or where none can be had from the tiles themselves: the same
-# integers either way. Always 1.
-cdef int mm512_q4_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* Xv, Py_ssize_t n_tok,
-                       float* Y, Py_ssize_t ldy) noexcept nogil:
-    cdef const x8rec* rec = <const x8rec*>W
-    cdef const block_q8a* X = <const block_q8a*>Xv
+# The product of rows (a multiple of LR) repacked as x8rec (x8rec_min) tiles. Up to TCH tokens, tile by
+# tile over all the tokens, the next tile's bytes requested while one is read (decode and few tokens stream
+# the weights); more, chunk by chunk of TCH tokens, each tile of the call's rows in turn (the chunk's
+# activations stay in L2). Q4_0's seeds come from a scratch buffer, or where none can be had from the tiles
+# themselves: the same integers either way. Always 1.
+cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const block_q8a* X, Py_ssize_t n_tok,
+                    float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t nb = cols // QK8_0, ntiles = rows // LR, i, t0, t1
-    cdef int32_t* sums
+    cdef int32_t* sums = NULL
     cdef const char* pf
     if ntiles <= 0 or n_tok <= 0 or nb <= 0:
         return 1
-    sums = <int32_t*>lc_scratch(n_tok * nb * sizeof(int32_t))
-    if sums != NULL:
-        token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
+    if x8any is x8rec:
+        sums = <int32_t*>lc_scratch(n_tok * nb * sizeof(int32_t))
+        if sums != NULL:
+            token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
     if n_tok <= TCH:
         for i in range(ntiles):
             pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles else NULL
@@ -122,6 +146,16 @@ cdef int mm512_q4_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
             x8_tokens(rec + i * nb, X, sums, t0, t1, nb, Y, ldy, i * LR, NULL)
         t0 = t1
     return 1
+
+
+cdef int mm512_q4_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
+                       float* Y, Py_ssize_t ldy) noexcept nogil:
+    return x8_product(<const x8rec*>W, rows, cols, <const block_q8a*>X, n_tok, Y, ldy)
+
+
+cdef int mm512_q4_1_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
+                       float* Y, Py_ssize_t ldy) noexcept nogil:
+    return x8_product(<const x8rec_min*>W, rows, cols, <const block_q8a*>X, n_tok, Y, ldy)
 
 
 # ---- Q4_K

@@ -1,14 +1,16 @@
 # Weights rewritten once, at load, into the layout their kernel reads fastest (model/repack.py decides
 # which): 8-row tiles, one per quantized type that has a tile kernel (matmul512_x8.pxi states each layout;
 # tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
-# blocks' bytes, so tile i starts where row 8i did. Q4_K: 1184 bytes per 8 rows x 256 values (148 a row:
-# the 6-bit scales and mins unpacked to bytes).
+# blocks' bytes, so tile i starts where row 8i did; Q4_1 likewise, 160 bytes (its mins beside the scales).
+# Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes).
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_K
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K
 from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
-from llamacy.kernels.traits cimport LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, layout_row_bytes
+from llamacy.kernels.traits cimport (
+    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, layout_row_bytes,
+)
 from llamacy.kernels.values cimport scale_min_k4
 
 import numpy as np
@@ -19,10 +21,12 @@ from llamacy.kernels.parallel import ensure_threads
 LAYOUT_STORED = 0
 LAYOUT_Q4_0_X8 = _Q4_0_X8
 LAYOUT_Q4_K_X8 = _Q4_K_X8
+LAYOUT_Q4_1_X8 = _Q4_1_X8
 
 cdef enum:
     TILE_ROWS = 8
     Q4_0_BYTES = 18    # fp16 scale, 16 bytes of nibbles (values j and j + 16 in byte j)
+    Q4_1_BYTES = 20    # fp16 scale, fp16 min, 16 bytes of nibbles
     Q4_K_BYTES = 144   # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
     Q4_K_TILE = 1184   # kx8rec: q 1024, sc 64, mn 64, d 16, dmin 16
     Q4_K_SC = 1024
@@ -36,23 +40,29 @@ ctypedef struct PackJob:
     uint8_t* dst
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
+    int has_min            # Q4_1: an fp16 min after each block's scale
 
 
-cdef void _pack_q4_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
-    """Row tiles begin..end-1: per block, the 8 scales, then for each 4-byte group g of the quants the 8
-    rows' bytes 4g..4g+3 side by side."""
+cdef void _pack_q4_0_q4_1(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Row tiles begin..end-1: per block, the 8 scales (Q4_1: then the 8 mins), then for each 4-byte group
+    g of the quants the 8 rows' bytes 4g..4g+3 side by side."""
     cdef PackJob* j = <PackJob*> ctx
     cdef Py_ssize_t i, b, r, g
+    cdef Py_ssize_t head = 4 if j.has_min else 2  # stored: d (and m) before the quants
+    cdef Py_ssize_t block = head + 16
+    cdef Py_ssize_t quants = 8 * head  # in the tile: the 8 rows' d (and m) before the quants
     cdef const uint8_t* row
     cdef uint8_t* rec
     for i in range(begin, end):
         for b in range(j.nb):
-            rec = j.dst + (i * j.nb + b) * TILE_ROWS * Q4_0_BYTES
+            rec = j.dst + (i * j.nb + b) * TILE_ROWS * block
             for r in range(TILE_ROWS):
-                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q4_0_BYTES
+                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * block
                 memcpy(rec + 2 * r, row, 2)
+                if j.has_min:
+                    memcpy(rec + 16 + 2 * r, row + 2, 2)
                 for g in range(4):
-                    memcpy(rec + 16 + 32 * g + 4 * r, row + 2 + 4 * g, 4)
+                    memcpy(rec + quants + 32 * g + 4 * r, row + head + 4 * g, 4)
 
 
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -84,6 +94,8 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
         return LAYOUT_STORED
     if wtype == T_Q4_0 and cols % 32 == 0:
         return LAYOUT_Q4_0_X8
+    if wtype == T_Q4_1 and cols % 32 == 0:
+        return LAYOUT_Q4_1_X8
     if wtype == T_Q4_K and cols % 256 == 0:
         return LAYOUT_Q4_K_X8
     return LAYOUT_STORED
@@ -98,15 +110,16 @@ def repack_tiles(int wtype, data, Py_ssize_t rows, Py_ssize_t cols, int nthreads
     cdef const uint8_t[::1] src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
         else data.reshape(-1).view(np.uint8)
     cdef PackJob job
-    job.nb = cols // 32 if layout == LAYOUT_Q4_0_X8 else cols // 256
-    job.row_bytes = job.nb * (Q4_0_BYTES if layout == LAYOUT_Q4_0_X8 else Q4_K_BYTES)
+    job.nb = cols // 256 if layout == LAYOUT_Q4_K_X8 else cols // 32
+    job.row_bytes = job.nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES}.get(layout, Q4_K_BYTES)
+    job.has_min = layout == LAYOUT_Q4_1_X8
     if src.shape[0] < rows * job.row_bytes:
         raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {job.row_bytes}")
     out = np.empty(rows * layout_row_bytes(layout, cols), dtype=np.uint8)
     cdef uint8_t[::1] dst = out
     job.src = &src[0]
     job.dst = &dst[0]
-    cdef lc_task_fn pack = _pack_q4_0 if layout == _Q4_0_X8 else _pack_q4_k
+    cdef lc_task_fn pack = _pack_q4_k if layout == _Q4_K_X8 else _pack_q4_0_q4_1
     nthreads = max(1, min(nthreads, ensure_threads(nthreads)))
     with nogil:
         parallel_for(pack, &job, rows // TILE_ROWS, 1, nthreads)

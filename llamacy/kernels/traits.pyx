@@ -82,6 +82,8 @@ cdef Py_ssize_t layout_row_bytes(int layout, Py_ssize_t cols) noexcept nogil:
         return cols // 32 * 18
     if layout == LAYOUT_Q4_K_X8:
         return cols // 256 * 148
+    if layout == LAYOUT_Q4_1_X8:
+        return cols // 32 * 20
     return 0
 
 

@@ -1,15 +1,15 @@
 """Weights rewritten once, at load, into the layout their kernels read fastest.
 
-On a CPU whose AVX-512 VNNI kernels are on, Q4_0 and Q4_K matrices go into 8-row tiles
+On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1 and Q4_K matrices go into 8-row tiles
 (kernels/repack.pyx; read by matmul512_x8.pxi), as llama.cpp's CPU "repack" buffers hold them. The
 row-lane kernels would otherwise transpose 8 rows' quants per block in every product of more than a few
 tokens (a server step of 8 sequences pays that on every matrix), and decode would unpack them row by row.
 The tiles give the same numbers as the stored rows, bit for bit.
 
-The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's tiles
-are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors are read once,
-then released), so processes serving one file no longer share them; and the load reads every such matrix
-once. LLAMACY_REPACK=0 keeps the file's layout. BENCHMARKS.md has the measurements both ways.
+The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's and
+Q4_1's tiles are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors
+are read once, then released), so processes serving one file no longer share them; and the load reads
+every such matrix once. LLAMACY_REPACK=0 keeps the file's layout. BENCHMARKS.md has the measurements both ways.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 # traits.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout), as kernels/repack.pyx exports them.
-from llamacy.kernels.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED  # noqa: F401
+from llamacy.kernels.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED  # noqa: F401
 
 # Fields read a row at a time (dequantize_row: token embeddings), never through a product: kept as stored.
 ROW_READ_FIELDS = frozenset({"token_embd", "per_layer_token_embd"})

@@ -123,6 +123,11 @@ class GGUFFile:
     metadata), file_size is the parts' total, and tensors holds every part's tensors, each knowing its part.
     """
 
+    # Tensor data are views of these read-only file mappings: a reader that copied a tensor (repack.py) may
+    # give its pages back to the kernel (madvise DONTNEED): they leave the resident set, stay in the page
+    # cache, and reading them again would only fault them back in.
+    releasable = True
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path: str = os.fspath(path)
         self._maps: list[mmap.mmap] = []
@@ -161,19 +166,6 @@ class GGUFFile:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
-
-    def release(self, tensor: GGUFTensor) -> None:
-        """Tell the kernel this process no longer reads `tensor`'s pages (a copy replaced it: repack.py):
-        they leave its resident set and stay in the page cache, reclaimable. Reading them again later
-        only faults them back in."""
-        if not 0 <= tensor.part < len(self._maps) or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        page = mmap.PAGESIZE
-        start = -(-tensor.offset // page) * page
-        end = (tensor.offset + tensor.n_bytes) // page * page
-        if end > start:
-            with contextlib.suppress(OSError, ValueError):
-                self._maps[tensor.part].madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def close(self) -> None:
         """Drop this object's hold on the mappings (its metadata and tensors become empty).

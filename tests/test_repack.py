@@ -180,3 +180,47 @@ def test_models_over_one_file_share_the_tiles(tiny_model):
     wq_a, wq_b = a.weights.layers[0]["wq"], b.weights.layers[0]["wq"]
     assert wq_a.layout == wq_b.layout == LAYOUT_Q4_0_X8
     assert wq_a.data is wq_b.data
+
+
+def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
+    """One pass over several matrices of every tiled type, one of them larger than a work item (so cut
+    into pieces), gives each matrix's own tiles; with release, the file's pages it gave back read the same
+    when read again."""
+    shapes = [
+        (QT.Q4_0, 8, 64),
+        (QT.Q4_1, 24, 96),
+        (QT.Q4_K, 16, 512),
+        (QT.Q4_1, 2056, 2048),
+        (QT.Q4_0, 64, 32),
+    ]
+    raws = [_quantized(w, r, c, seed=i) for i, (w, r, c) in enumerate(shapes)]
+    assert raws[3].nbytes > 2 * 2**20  # three pieces
+    path = tmp_path / "rows.bin"
+    path.write_bytes(b"".join(r.tobytes() for r in raws))
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    views, at = [], 0
+    for r in raws:
+        views.append(mapped[at : at + r.nbytes])
+        at += r.nbytes
+    for threads in (1, 2):
+        got = rp.repack_many(
+            [(int(w), v, r, c, True) for (w, r, c), v in zip(shapes, views, strict=True)], threads
+        )
+        for (w, r, c), raw, (tiles, layout) in zip(shapes, raws, got, strict=True):
+            want, want_layout = rp.repack_tiles(int(w), raw, r, c, 1)
+            assert layout == want_layout == LAYOUT[w]
+            np.testing.assert_array_equal(tiles, want)
+        np.testing.assert_array_equal(np.asarray(mapped), np.concatenate([r.reshape(-1) for r in raws]))
+    assert rp.repack_many([], 2) == []
+    with pytest.raises(ValueError, match="does not tile"):  # checked before any work
+        rp.repack_many([(int(QT.Q4_0), raws[0], 8, 64, False), (int(QT.Q8_0), raws[0], 8, 64, False)])
+
+
+@needs_tiles
+def test_load_leaves_no_thread_behind(tiny_model):
+    """A repacking load binds the weights on a thread while the tokenizer builds: joined by the time the
+    model is returned."""
+    import threading
+
+    Llama(tiny_model("llama", QT.Q4_1), n_threads=2)
+    assert not [t for t in threading.enumerate() if t.name == "llamacy-load"]

@@ -4,6 +4,7 @@
 # blocks' bytes, so tile i starts where row 8i did; Q4_1 likewise, 160 bytes (its mins beside the scales).
 # Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes).
 from libc.stdint cimport int64_t, uint8_t
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
 from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K
@@ -33,6 +34,7 @@ cdef enum:
     Q4_K_MN = 1088
     Q4_K_D = 1152
     Q4_K_DMIN = 1168
+    PIECE_BYTES = 1 << 20  # repack_many: most stored bytes per work item
 
 
 ctypedef struct PackJob:
@@ -101,26 +103,134 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
     return LAYOUT_STORED
 
 
-def repack_tiles(int wtype, data, Py_ssize_t rows, Py_ssize_t cols, int nthreads=1):
-    """Stored rows of `wtype` (a uint8 buffer of at least their bytes) -> (a new uint8 array in the
-    layout, the layout id)."""
+cdef extern from "sys/mman.h" nogil:
+    int madvise(void* addr, size_t length, int advice)
+    int MADV_DONTNEED
+
+cdef extern from "unistd.h" nogil:
+    long sysconf(int name)
+    int _SC_PAGESIZE
+
+
+# One work item of repack_many: row tiles t0..t1-1 of matrix `job`; rel: give back the source pages of
+# those rows once packed.
+ctypedef struct Piece:
+    Py_ssize_t job
+    Py_ssize_t t0
+    Py_ssize_t t1
+    int rel
+
+
+ctypedef struct ManyJob:
+    PackJob* jobs          # per matrix
+    int* kq                # per matrix: 1 Q4_K's pack, 0 Q4_0's / Q4_1's
+    Piece* pieces
+    size_t page
+
+
+cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Pieces begin..end-1, each then releasing the whole pages of the rows it read (madvise DONTNEED:
+    pages of a file mapping leave the resident set and stay in the page cache)."""
+    cdef ManyJob* m = <ManyJob*> ctx
+    cdef Piece* pc
+    cdef PackJob* j
+    cdef size_t a, b
+    cdef Py_ssize_t i
+    for i in range(begin, end):
+        pc = &m.pieces[i]
+        j = &m.jobs[pc.job]
+        if m.kq[pc.job]:
+            _pack_q4_k(j, pc.t0, pc.t1, tid)
+        else:
+            _pack_q4_0_q4_1(j, pc.t0, pc.t1, tid)
+        if pc.rel:
+            a = <size_t>(j.src + pc.t0 * TILE_ROWS * j.row_bytes)
+            b = <size_t>(j.src + pc.t1 * TILE_ROWS * j.row_bytes)
+            a = (a + m.page - 1) // m.page * m.page
+            b = b // m.page * m.page
+            if b > a:
+                madvise(<void*>a, b - a, MADV_DONTNEED)
+
+
+cdef inline const uint8_t[::1] _bytes_of(data):
+    return data.reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+
+
+def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
+    """(layout, blocks per row, stored row bytes) of one matrix, its operands checked."""
     cdef int layout = tile_layout(wtype, rows, cols)
     if layout == LAYOUT_STORED:
         raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
-    cdef const uint8_t[::1] src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
-        else data.reshape(-1).view(np.uint8)
-    cdef PackJob job
-    job.nb = cols // 256 if layout == LAYOUT_Q4_K_X8 else cols // 32
-    job.row_bytes = job.nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES}.get(layout, Q4_K_BYTES)
-    job.has_min = layout == LAYOUT_Q4_1_X8
-    if src.shape[0] < rows * job.row_bytes:
-        raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {job.row_bytes}")
-    out = np.empty(rows * layout_row_bytes(layout, cols), dtype=np.uint8)
-    cdef uint8_t[::1] dst = out
-    job.src = &src[0]
-    job.dst = &dst[0]
-    cdef lc_task_fn pack = _pack_q4_k if layout == _Q4_K_X8 else _pack_q4_0_q4_1
-    nthreads = max(1, min(nthreads, ensure_threads(nthreads)))
-    with nogil:
-        parallel_for(pack, &job, rows // TILE_ROWS, 1, nthreads)
-    return out, layout
+    nb = cols // 256 if layout == LAYOUT_Q4_K_X8 else cols // 32
+    row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES}.get(layout, Q4_K_BYTES)
+    n = _bytes_of(data).shape[0]
+    if n < rows * row_bytes:
+        raise ValueError(f"{n} bytes hold fewer than {rows} rows of {row_bytes}")
+    return layout, nb, row_bytes
+
+
+def repack_tiles(int wtype, data, Py_ssize_t rows, Py_ssize_t cols, int nthreads=1):
+    """Stored rows of `wtype` (a uint8 buffer of at least their bytes) -> (a new uint8 array in the
+    layout, the layout id)."""
+    return repack_many([(wtype, data, rows, cols, False)], nthreads)[0]
+
+
+def repack_many(items, int nthreads=1):
+    """[(wtype, data, rows, cols, release)] -> [(a new uint8 array in the layout, the layout id)], in
+    order. Every matrix is checked first, then all are packed in one pass over the thread team without the
+    GIL (so a model's load can build its tokenizer meanwhile), in pieces of at most PIECE_BYTES of rows.
+    release: `data` is a file mapping whose pages this process no longer needs once packed; each piece
+    gives back the whole pages of its rows (the copy replaced them; reading them again would only fault
+    them back in)."""
+    cdef Py_ssize_t n = len(items), n_pieces = 0, i, k, t, step, total
+    if n == 0:
+        return []
+    plans = [_plan(wtype, data, rows, cols) for wtype, data, rows, cols, _ in items]
+    srcs = [_bytes_of(item[1]) for item in items]  # alive until the pass ends
+    outs = [np.empty(item[2] * layout_row_bytes(plan[0], item[3]), dtype=np.uint8)
+            for plan, item in zip(plans, items)]
+    steps = []
+    for plan, item in zip(plans, items):
+        step = max(1, PIECE_BYTES // (TILE_ROWS * plan[2]))
+        steps.append(step)
+        n_pieces += (item[2] // TILE_ROWS + step - 1) // step
+    cdef PackJob* jobs = <PackJob*>PyMem_Malloc(n * sizeof(PackJob))
+    cdef int* kq = <int*>PyMem_Malloc(n * sizeof(int))
+    cdef Piece* pieces = <Piece*>PyMem_Malloc(n_pieces * sizeof(Piece))
+    cdef const uint8_t[::1] src
+    cdef uint8_t[::1] dst
+    cdef ManyJob many
+    try:
+        if jobs == NULL or kq == NULL or pieces == NULL:
+            raise MemoryError("no memory to plan the repacking")
+        k = 0
+        for i in range(n):
+            layout, nb, row_bytes = plans[i]
+            src = srcs[i]
+            dst = outs[i]
+            jobs[i].src = &src[0]
+            jobs[i].dst = &dst[0]
+            jobs[i].nb = nb
+            jobs[i].row_bytes = row_bytes
+            jobs[i].has_min = layout == LAYOUT_Q4_1_X8
+            kq[i] = layout == LAYOUT_Q4_K_X8
+            total = items[i][2] // TILE_ROWS
+            step = steps[i]
+            for t in range(0, total, step):
+                pieces[k].job = i
+                pieces[k].t0 = t
+                pieces[k].t1 = min(total, t + step)
+                pieces[k].rel = bool(items[i][4])
+                k += 1
+        many.jobs = jobs
+        many.kq = kq
+        many.pieces = pieces
+        many.page = sysconf(_SC_PAGESIZE)
+        nthreads = max(1, min(nthreads, ensure_threads(nthreads)))
+        with nogil:
+            parallel_for(_pack_pieces, &many, n_pieces, 1, nthreads)
+    finally:
+        PyMem_Free(jobs)
+        PyMem_Free(kq)
+        PyMem_Free(pieces)
+    return [(out, plan[0]) for out, plan in zip(outs, plans)]

@@ -38,19 +38,30 @@ def repack_enabled() -> bool:
     return bool(tiles_available())
 
 
-def repacked(
-    wtype: int, rows: int, cols: int, data: Any, n_threads: int, key: tuple | None = None
-) -> tuple[Any, int] | None:
-    """(the matrix's bytes in the layout its kernel reads fastest, that layout), or None where none
-    applies. key: where the bytes come from, to share the result within the process (None: not shared)."""
-    from llamacy.kernels.repack import repack_tiles, tile_layout
+def repack_matrices(requests: list[tuple], n_threads: int) -> list[tuple[Any, int] | None]:
+    """For each (wtype, rows, cols, data, key, release): (the matrix's bytes in the layout its kernel
+    reads fastest, that layout), or None where none applies. All are packed in one pass without the GIL
+    (kernels/repack.py's repack_many). key: where the bytes come from, to share the result within the
+    process (None: not shared); release: data is a file mapping whose pages may be given back once copied."""
+    from llamacy.kernels.repack import repack_many, tile_layout
 
-    layout = tile_layout(wtype, rows, cols)
-    if layout == LAYOUT_STORED:
-        return None
-    tiles = _TILES.get(key) if key is not None else None
-    if tiles is None:
-        tiles, _ = repack_tiles(wtype, data, rows, cols, n_threads)
-        if key is not None:
-            _TILES[key] = tiles
-    return tiles, layout
+    results: list[tuple[Any, int] | None] = [None] * len(requests)
+    todo = []
+    for i, (wtype, rows, cols, _, key, _) in enumerate(requests):
+        layout = tile_layout(wtype, rows, cols)
+        if layout == LAYOUT_STORED:
+            continue
+        tiles = _TILES.get(key) if key is not None else None
+        if tiles is not None:
+            results[i] = (tiles, layout)
+        else:
+            todo.append(i)
+    made = repack_many(
+        [(requests[i][0], requests[i][3], requests[i][1], requests[i][2], requests[i][5]) for i in todo],
+        n_threads,
+    )
+    for i, (tiles, layout) in zip(todo, made, strict=True):
+        if requests[i][4] is not None:
+            _TILES[requests[i][4]] = tiles
+        results[i] = (tiles, layout)
+    return results

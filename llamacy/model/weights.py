@@ -50,15 +50,19 @@ class WeightBinder:
     type checked; a required one missing, or a tensor in the file that no declaration reads (which the
     engine would silently ignore), is a one-line error naming it."""
 
-    def __init__(self, gguf: Any, cfg: ModelConfig, repack: bool | None = None) -> None:
+    def __init__(
+        self, gguf: Any, cfg: ModelConfig, repack: bool | None = None, threads: int | None = None
+    ) -> None:
         """repack: rewrite the matrices whose kernels read another layout faster (repack.py); None: where
-        this CPU has such kernels and LLAMACY_REPACK is not 0."""
+        this CPU has such kernels and LLAMACY_REPACK is not 0. threads: for that (None: all cores)."""
         self.gguf = gguf
         self.tensors = gguf.tensors
         self.cfg = cfg
         self.source = str(gguf.path)
         self.repack = repack
+        self.threads = threads
         self._file: tuple | None = None  # the file's identity, for sharing repacked matrices (bind)
+        self._to_repack: list[tuple[dict, str, str]] = []  # (fields, field, tensor name), for bind's end
 
     def _tensor(self, name: str, optional: bool = False) -> Any:
         t = self.tensors.get(name)
@@ -139,6 +143,8 @@ class WeightBinder:
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
+        if self._to_repack:
+            self._repack_all()
         ignored = arch.ignored_prefixes(c)
         unread = sorted(n for n in set(self.tensors) - used if not (ignored and n.startswith(ignored)))
         if unread:
@@ -155,22 +161,28 @@ class WeightBinder:
                 raise ValueError(f"{self.cfg.arch}: field {spec.field} declared twice")
             out[spec.field] = self._bind(spec)
             used.add(spec.name)
+            if self.repack and spec.kind == MATRIX and out[spec.field] is not None:
+                self._to_repack.append((out, spec.field, spec.name))
         return out
 
-    def _repacked(self, field: str, name: str, m: Matrix) -> Matrix:
-        """m in the layout its kernel reads fastest (repack.py), its file pages then released."""
+    def _repack_all(self) -> None:
+        """Every matrix a product reads into the layout its kernel reads fastest (repack.py), in one pass;
+        the file pages each replaced are given back."""
         from llamacy.model import default_threads
-        from llamacy.model.repack import ROW_READ_FIELDS, repacked
+        from llamacy.model.repack import ROW_READ_FIELDS, repack_matrices
 
-        if field in ROW_READ_FIELDS:
-            return m
-        t = self.tensors[name]
-        got = repacked(m.type, m.rows, m.cols, m.data, default_threads(), self._source_key(t))
-        if got is None:
-            return m
-        if hasattr(self.gguf, "release"):
-            self.gguf.release(t)
-        return Matrix(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])
+        todo = [(out, field, name) for out, field, name in self._to_repack if field not in ROW_READ_FIELDS]
+        self._to_repack = []
+        release = bool(getattr(self.gguf, "releasable", False))
+        requests = []
+        for out, field, name in todo:
+            m = out[field]
+            requests.append((m.type, m.rows, m.cols, m.data, self._source_key(self.tensors[name]), release))
+        made = repack_matrices(requests, self.threads or default_threads())
+        for (out, field, _), got in zip(todo, made, strict=True):
+            if got is not None:
+                m = out[field]
+                out[field] = Matrix(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])
 
     def _source_key(self, t: Any) -> tuple | None:
         """Where tensor t's bytes come from (file, size, mtime, part, offset); None if that is unknown."""
@@ -181,10 +193,7 @@ class WeightBinder:
 
     def _bind(self, spec: TensorSpec) -> Matrix | Vector | None:
         if spec.kind == MATRIX:
-            m = self.matrix(spec.name, *spec.shape, optional=spec.optional)
-            if m is not None and self.repack:
-                m = self._repacked(spec.field, spec.name, m)
-            return m
+            return self.matrix(spec.name, *spec.shape, optional=spec.optional)
         if spec.kind == EXPERTS:
             return self.experts(spec.name, spec.shape[1], spec.shape[2], optional=spec.optional)
         if len(spec.shape) == 2:

@@ -28,7 +28,7 @@ which only matters for cut-offs that fall within rounding error.
 from __future__ import annotations
 
 import math
-import secrets
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -137,17 +137,20 @@ class Sampler:
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         # The seed actually used; printed by the CLI so that an unseeded run can be replayed.
-        self.seed: int = params.seed if params.seed is not None else secrets.randbits(32)
-        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.seed: int = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        # Made on the first draw: greedy decoding never draws, and numpy.random costs ~10 ms to import.
+        self._rng: np.random.Generator | None = None
 
     @property
     def rng(self) -> np.random.Generator:
         """The sequence's random stream (speculative verification draws from it too)."""
+        if self._rng is None:
+            self._rng = np.random.Generator(np.random.PCG64(self.seed))
         return self._rng
 
     def reset(self) -> None:
         """Restart the random stream from the seed: the next draws repeat the first ones."""
-        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._rng = None
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = (), mask: np.ndarray | None = None) -> int:
         """The next token id. `logits` (float32 [n_vocab]) is not modified; `history` = prompt + generated ids;
@@ -158,7 +161,7 @@ class Sampler:
         # Inverse CDF with one double per draw, even when one candidate is left, so that the random
         # stream advances by exactly one number per sampled token.
         cdf = np.cumsum(probs)
-        u = self._rng.random() * cdf[-1]
+        u = self.rng.random() * cdf[-1]
         i = int(np.searchsorted(cdf, u, side="right"))
         return int(ids[min(i, len(ids) - 1)])
 

@@ -143,7 +143,7 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
             _pack_q4_k(j, pc.t0, pc.t1, tid)
         else:
             _pack_q4_0_q4_1(j, pc.t0, pc.t1, tid)
-        if pc.rel:
+        if pc.rel and m.page > 0:
             a = <size_t>(j.src + pc.t0 * TILE_ROWS * j.row_bytes)
             b = <size_t>(j.src + pc.t1 * TILE_ROWS * j.row_bytes)
             a = (a + m.page - 1) // m.page * m.page
@@ -225,7 +225,7 @@ def repack_many(items, int nthreads=1):
         many.jobs = jobs
         many.kq = kq
         many.pieces = pieces
-        many.page = sysconf(_SC_PAGESIZE)
+        many.page = max(sysconf(_SC_PAGESIZE), 0)  # 0: unknown, nothing given back
         nthreads = max(1, min(nthreads, ensure_threads(nthreads)))
         with nogil:
             parallel_for(_pack_pieces, &many, n_pieces, 1, nthreads)

@@ -41,7 +41,7 @@ def repack_enabled() -> bool:
 def repack_matrices(requests: list[tuple], n_threads: int) -> list[tuple[Any, int] | None]:
     """For each (wtype, rows, cols, data, key, release): (the matrix's bytes in the layout its kernel
     reads fastest, that layout), or None where none applies. All are packed in one pass without the GIL
-    (kernels/repack.py's repack_many). key: where the bytes come from, to share the result within the
+    (kernels/repack.pyx's repack_many). key: where the bytes come from, to share the result within the
     process (None: not shared); release: data is a file mapping whose pages may be given back once copied."""
     from llamacy.kernels.repack import repack_many, tile_layout
 

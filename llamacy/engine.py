@@ -110,10 +110,10 @@ class Llama:
         # the time to the first token.
         background = None
         if repack_enabled():
-            binder = WeightBinder(self.gguf, self.config, threads=max(1, default_threads() - 1))
+            binder = WeightBinder(self.gguf, self.config, repack=True, threads=max(1, default_threads() - 1))
             background = _in_background(binder.bind)
         else:
-            binder = WeightBinder(self.gguf, self.config)
+            binder = WeightBinder(self.gguf, self.config, repack=False)
         try:
             st = self.gguf.file_size
             cache_key = f"{self.model_path.resolve()}:{st}:{self.model_path.stat().st_mtime_ns}"

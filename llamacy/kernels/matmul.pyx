@@ -159,10 +159,12 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
     if rows <= 0 or n_tok <= 0:
         return
     cdef mm_try_fn tiled = NULL
+    cdef mm_try_fn* slot
     if impl >= IMPL_TILED:
-        if layout_slot(impl - IMPL_TILED) == NULL or layout_slot(impl - IMPL_TILED)[0] == NULL:
+        slot = layout_slot(impl - IMPL_TILED)
+        if slot == NULL or slot[0] == NULL:
             unknown_type(b"matmul of 8-row tiles (AVX-512 VNNI only)", wtype)
-        tiled = layout_slot(impl - IMPL_TILED)[0]
+        tiled = slot[0]
     if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
         # Decode and small batches stream the weights from memory: one contiguous range per thread keeps
         # each thread's reads one sequential stream for the prefetchers. Prefill is compute-bound: eight

@@ -43,6 +43,7 @@ ctypedef struct PackJob:
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
     int has_min            # Q4_1: an fp16 min after each block's scale
+    int k_quant            # Q4_K (_pack_q4_k); else Q4_0 / Q4_1 (_pack_q4_0_q4_1)
 
 
 cdef void _pack_q4_0_q4_1(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -123,7 +124,6 @@ ctypedef struct Piece:
 
 ctypedef struct ManyJob:
     PackJob* jobs          # per matrix
-    int* kq                # per matrix: 1 Q4_K's pack, 0 Q4_0's / Q4_1's
     Piece* pieces
     size_t page
 
@@ -139,7 +139,7 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
     for i in range(begin, end):
         pc = &m.pieces[i]
         j = &m.jobs[pc.job]
-        if m.kq[pc.job]:
+        if j.k_quant:
             _pack_q4_k(j, pc.t0, pc.t1, tid)
         else:
             _pack_q4_0_q4_1(j, pc.t0, pc.t1, tid)
@@ -157,16 +157,16 @@ cdef inline const uint8_t[::1] _bytes_of(data):
 
 
 def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
-    """(layout, blocks per row, stored row bytes) of one matrix, its operands checked."""
+    """(layout, blocks per row, stored row bytes, its bytes as uint8) of one matrix, its operands checked."""
     cdef int layout = tile_layout(wtype, rows, cols)
     if layout == LAYOUT_STORED:
         raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
     nb = cols // 256 if layout == LAYOUT_Q4_K_X8 else cols // 32
     row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES}.get(layout, Q4_K_BYTES)
-    n = _bytes_of(data).shape[0]
-    if n < rows * row_bytes:
-        raise ValueError(f"{n} bytes hold fewer than {rows} rows of {row_bytes}")
-    return layout, nb, row_bytes
+    src = _bytes_of(data)
+    if src.shape[0] < rows * row_bytes:
+        raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {row_bytes}")
+    return layout, nb, row_bytes, src
 
 
 def repack_tiles(int wtype, data, Py_ssize_t rows, Py_ssize_t cols, int nthreads=1):
@@ -185,8 +185,7 @@ def repack_many(items, int nthreads=1):
     cdef Py_ssize_t n = len(items), n_pieces = 0, i, k, t, step, total
     if n == 0:
         return []
-    plans = [_plan(wtype, data, rows, cols) for wtype, data, rows, cols, _ in items]
-    srcs = [_bytes_of(item[1]) for item in items]  # alive until the pass ends
+    plans = [_plan(wtype, data, rows, cols) for wtype, data, rows, cols, _ in items]  # their bytes alive
     outs = [np.empty(item[2] * layout_row_bytes(plan[0], item[3]), dtype=np.uint8)
             for plan, item in zip(plans, items)]
     steps = []
@@ -195,25 +194,23 @@ def repack_many(items, int nthreads=1):
         steps.append(step)
         n_pieces += (item[2] // TILE_ROWS + step - 1) // step
     cdef PackJob* jobs = <PackJob*>PyMem_Malloc(n * sizeof(PackJob))
-    cdef int* kq = <int*>PyMem_Malloc(n * sizeof(int))
     cdef Piece* pieces = <Piece*>PyMem_Malloc(n_pieces * sizeof(Piece))
     cdef const uint8_t[::1] src
     cdef uint8_t[::1] dst
     cdef ManyJob many
     try:
-        if jobs == NULL or kq == NULL or pieces == NULL:
+        if jobs == NULL or pieces == NULL:
             raise MemoryError("no memory to plan the repacking")
         k = 0
         for i in range(n):
-            layout, nb, row_bytes = plans[i]
-            src = srcs[i]
+            layout, nb, row_bytes, src = plans[i]
             dst = outs[i]
             jobs[i].src = &src[0]
             jobs[i].dst = &dst[0]
             jobs[i].nb = nb
             jobs[i].row_bytes = row_bytes
             jobs[i].has_min = layout == LAYOUT_Q4_1_X8
-            kq[i] = layout == LAYOUT_Q4_K_X8
+            jobs[i].k_quant = layout == LAYOUT_Q4_K_X8
             total = items[i][2] // TILE_ROWS
             step = steps[i]
             for t in range(0, total, step):
@@ -223,7 +220,6 @@ def repack_many(items, int nthreads=1):
                 pieces[k].rel = bool(items[i][4])
                 k += 1
         many.jobs = jobs
-        many.kq = kq
         many.pieces = pieces
         many.page = max(sysconf(_SC_PAGESIZE), 0)  # 0: unknown, nothing given back
         nthreads = max(1, min(nthreads, ensure_threads(nthreads)))
@@ -231,6 +227,5 @@ def repack_many(items, int nthreads=1):
             parallel_for(_pack_pieces, &many, n_pieces, 1, nthreads)
     finally:
         PyMem_Free(jobs)
-        PyMem_Free(kq)
         PyMem_Free(pieces)
     return [(out, plan[0]) for out, plan in zip(outs, plans)]

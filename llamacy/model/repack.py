@@ -21,9 +21,6 @@ from typing import Any
 # traits.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout), as kernels/repack.pyx exports them.
 from llamacy.kernels.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED  # noqa: F401
 
-# Fields read a row at a time (dequantize_row: token embeddings), never through a product: kept as stored.
-ROW_READ_FIELDS = frozenset({"token_embd", "per_layer_token_embd"})
-
 # Tiles already made in this process, by (file, size, mtime, part, offset): several Llama objects over one
 # file (threads each with their own, the server's embedder) share one copy, as they share the page cache.
 _TILES: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
@@ -56,12 +53,13 @@ def repack_matrices(requests: list[tuple], n_threads: int) -> list[tuple[Any, in
             results[i] = (tiles, layout)
         else:
             todo.append(i)
-    made = repack_many(
-        [(requests[i][0], requests[i][3], requests[i][1], requests[i][2], requests[i][5]) for i in todo],
-        n_threads,
-    )
-    for i, (tiles, layout) in zip(todo, made, strict=True):
-        if requests[i][4] is not None:
-            _TILES[requests[i][4]] = tiles
+    items = []
+    for i in todo:
+        wtype, rows, cols, data, _, release = requests[i]
+        items.append((wtype, data, rows, cols, release))
+    for i, (tiles, layout) in zip(todo, repack_many(items, n_threads), strict=True):
+        key = requests[i][4]
+        if key is not None:
+            _TILES[key] = tiles
         results[i] = (tiles, layout)
     return results

@@ -20,6 +20,9 @@ from llamacy.model.config import LayerSpec, ModelConfig
 
 Vector = np.ndarray  # float32, contiguous
 
+# Fields read a row at a time (dequantize_row: token embeddings), never through a product: never repacked.
+ROW_READ_FIELDS = frozenset({"token_embd", "per_layer_token_embd"})
+
 
 @dataclass(frozen=True, slots=True)
 class Matrix:
@@ -161,7 +164,8 @@ class WeightBinder:
                 raise ValueError(f"{self.cfg.arch}: field {spec.field} declared twice")
             out[spec.field] = self._bind(spec)
             used.add(spec.name)
-            if self.repack and spec.kind == MATRIX and out[spec.field] is not None:
+            repackable = spec.kind == MATRIX and spec.field not in ROW_READ_FIELDS
+            if self.repack and repackable and out[spec.field] is not None:
                 self._to_repack.append((out, spec.field, spec.name))
         return out
 
@@ -169,10 +173,9 @@ class WeightBinder:
         """Every matrix a product reads into the layout its kernel reads fastest (repack.py), in one pass;
         the file pages each replaced are given back."""
         from llamacy.model import default_threads
-        from llamacy.model.repack import ROW_READ_FIELDS, repack_matrices
+        from llamacy.model.repack import repack_matrices
 
-        todo = [(out, field, name) for out, field, name in self._to_repack if field not in ROW_READ_FIELDS]
-        self._to_repack = []
+        todo, self._to_repack = self._to_repack, []
         release = bool(getattr(self.gguf, "releasable", False))
         requests = []
         for out, field, name in todo:

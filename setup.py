@@ -9,6 +9,8 @@ Environment switches:
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 from glob import glob
 
 from Cython.Build import cythonize
@@ -45,6 +47,26 @@ AVX512_FLAGS = [
 ]
 
 
+def compiler_takes(flags: list[str]) -> bool:
+    """Whether the C compiler accepts these flags (old compilers lack -mamx-*: matmul512 then builds without
+    its AMX steps, and runs without them)."""
+    cc = os.environ.get("CC", "cc").split()
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "t.c")
+        with open(src, "w") as f:
+            f.write("int main(void) { return 0; }\n")
+        try:
+            r = subprocess.run([*cc, *flags, "-c", src, "-o", os.path.join(d, "t.o")], capture_output=True)
+        except OSError:
+            return False
+        return r.returncode == 0
+
+
+# Intel AMX's tile instructions for matmul512's prefill (amx.h), where the compiler has them: they run only
+# where matmul512 finds the CPU and OS support them at import.
+AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
+
+
 def compile_args(name: str) -> list[str]:
     args = ["-O1", "-g"] if DEBUG else ["-O3"]
     if name in FAST_MATH:
@@ -61,6 +83,10 @@ def compile_args(name: str) -> list[str]:
     return args
 
 
+def avx512_flags() -> list[str]:
+    return AVX512_FLAGS + (AMX_FLAGS if compiler_takes(AMX_FLAGS) else [])
+
+
 def extensions() -> list[Extension]:
     exts = []
     for path in sorted(glob("llamacy/**/*.pyx", recursive=True)):
@@ -75,7 +101,7 @@ def extensions() -> list[Extension]:
                 [path],
                 include_dirs=["llamacy/kernels"],
                 depends=sorted(glob("llamacy/kernels/*.h")),  # recompile when a C header changes
-                extra_compile_args=compile_args(name) + (AVX512_FLAGS if name in AVX512 else []),
+                extra_compile_args=compile_args(name) + (avx512_flags() if name in AVX512 else []),
                 extra_link_args=(["-fopenmp"] if name in OPENMP else [])
                 + (["-lmvec", "-lm"] if name in FAST_MATH else []),
                 define_macros=[

@@ -75,6 +75,34 @@ if AVX512_STATUS == "available":
         AVX512_STATUS = "off (LLAMACY_NO_AVX512)"
 
 
+def _load_amx():
+    """Why the AMX prefill tiles (inside the VNNI kernels) run or not; turns them on where they can."""
+    if not _vnni_on:
+        return "the AVX-512 VNNI kernels are off"
+    from llamacy.kernels import matmul512
+
+    if not matmul512.amx_compiled():
+        return "not built (the compiler lacks -mamx-tile -mamx-int8)"
+    if os.environ.get("LLAMACY_NO_AMX", "") not in ("", "0"):
+        return "off (LLAMACY_NO_AMX)"
+    if not matmul512.amx_enable(True):
+        return "this CPU or OS lacks AMX-INT8"
+    return "available"
+
+
+AMX_STATUS = _load_amx()
+
+
+def amx_set(bint on):
+    """Turn the AMX prefill tiles on or off (tests and benchmarks compare the two in one process; the
+    results are the same bits); the new state, False where they cannot run."""
+    if not _vnni_found:
+        return False
+    from llamacy.kernels import matmul512
+
+    return matmul512.amx_enable(on)
+
+
 def vnni_available():
     """True if the AVX-512 VNNI kernels can run here (CPU and build), whether or not matmul uses them."""
     return _vnni_found

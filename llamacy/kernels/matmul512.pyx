@@ -92,6 +92,12 @@ cdef enum:
     KLANE_PF_TILES = 1  # Q4_K, Q5_K, Q6_K decode: prefetch distance, in 8-row tiles
     COMPACT_TOK = 8  # Q2_K, Q3_K: up to this many tokens, scales expanded in ktile (see krec)
     GROUP_BYTES = 196608  # prefill: most bytes of repacked rows per work item (they stay in L2)
+    AMX_TOK = 16  # AMX prefill (matmul512_amx.pxi): tokens per tile (the A tile's rows); 16 rows per record
+    AMX_PAIRS = 4  # AMX prefill: 16-row records per pass over the tokens (64 rows, in L2)
+
+# The AMX prefill tiles (matmul512_amx.pxi) run: set by amx_enable, which matmul calls once at import.
+cdef bint amx_on = False
+cdef int _amx_usable = -1  # this build, CPU and OS run them (lc_amx_enable): -1 not asked yet, 0 no, 1 yes
 
 
 # Token counts of a prefill tile and row counts of a decode tile as types (see mm_avx2.pyx's shapes): one C
@@ -136,6 +142,7 @@ include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
 include "matmul512_klanes.pxi"
 include "matmul512_x8.pxi"
+include "matmul512_amx.pxi"
 
 
 # =========================================================================================================
@@ -271,3 +278,21 @@ def fill_traits():
     layout_slot(LAYOUT_Q4_0_X8)[0] = mm512_q4_0_x8
     layout_slot(LAYOUT_Q4_1_X8)[0] = mm512_q4_1_x8
     layout_slot(LAYOUT_Q4_K_X8)[0] = mm512_q4_k_x8
+
+
+def amx_enable(bint want):
+    """Turn the AMX prefill tiles on (want) where this build, CPU and OS run them, or off; the new state.
+
+    Either way the products give the same bits (matmul512_amx.pxi): this only picks the faster path.
+    """
+    global amx_on, _amx_usable
+    if want and _amx_usable < 0:
+        _amx_usable = 1 if lc_amx_enable() else 0
+    amx_on = want and _amx_usable == 1
+    return amx_on
+
+
+def amx_compiled():
+    """True if this build carries the AMX tile steps (the compiler took -mamx-tile -mamx-int8)."""
+    return bool(LC_AMX)
+

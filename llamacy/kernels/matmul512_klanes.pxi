@@ -449,8 +449,15 @@ cdef void klanes_raw(const klblock* W, Py_ssize_t rows, Py_ssize_t nb, const blo
 # the same.
 cdef int mm512_klanes(const klblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X, Py_ssize_t n_tok,
                       float* Y, Py_ssize_t ldy) noexcept nogil:
-    cdef Py_ssize_t G, g, tiles, pairs_bytes
+    cdef Py_ssize_t G, g, tiles, pairs_bytes, done
     cdef char* buf
+    if amx_on and n_tok >= AMX_TOK:  # the tile unit takes the whole 16-row records (matmul512_amx.pxi)
+        done = amx_klanes(W, rows, nb, X, n_tok, Y, ldy)
+        if done == rows:
+            return 1
+        W += done * nb
+        rows -= done
+        Y += done
     if n_tok > KLANE_RAW_TOK:
         tiles = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(klanerec)), GR // LR))
         G = tiles * LR

@@ -448,8 +448,15 @@ cdef void lanes_raw(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const bl
 # the same.
 cdef int mm512_lanes(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                      float* Y, Py_ssize_t ldy) noexcept nogil:
-    cdef Py_ssize_t G, g, tiles, sums_bytes
+    cdef Py_ssize_t G, g, tiles, sums_bytes, done
     cdef char* buf
+    if amx_on and n_tok >= AMX_TOK:  # the tile unit takes the whole 16-row records (matmul512_amx.pxi)
+        done = amx_lanes(W, rows, nb, X, n_tok, Y, ldy)
+        if done == rows:
+            return 1
+        W += done * nb
+        rows -= done
+        Y += done
     if n_tok > lane_raw_tok(W):
         tiles = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(lanerec)), GR // LR))
         G = tiles * LR

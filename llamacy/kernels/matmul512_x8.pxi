@@ -128,8 +128,17 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
     cdef Py_ssize_t nb = cols // QK8_0, ntiles = rows // LR, i, t0, t1
     cdef int32_t* sums = NULL
     cdef const char* pf
+    cdef Py_ssize_t done
     if ntiles <= 0 or n_tok <= 0 or nb <= 0:
         return 1
+    if amx_on and n_tok >= AMX_TOK:  # the tile unit takes the pairs of tiles (matmul512_amx.pxi)
+        done = amx_x8(rec, rows, nb, X, n_tok, Y, ldy)
+        if done == rows:
+            return 1
+        rec += done // LR * nb
+        rows -= done
+        ntiles = rows // LR
+        Y += done
     if x8any is x8rec:
         sums = <int32_t*>lc_scratch(n_tok * nb * sizeof(int32_t))
         if sums != NULL:
@@ -301,6 +310,15 @@ cdef int mm512_q4_k_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
     cdef const char* pf
     if ntiles <= 0 or n_tok <= 0 or nb <= 0:
         return 1
+    cdef Py_ssize_t done
+    if amx_on and n_tok >= AMX_TOK:  # the tile unit takes the pairs of tiles (matmul512_amx.pxi)
+        done = amx_kx8(rec, rows, nb, X, n_tok, Y, ldy)
+        if done == rows:
+            return 1
+        rec += done // LR * nb
+        rows -= done
+        ntiles = rows // LR
+        Y += done
     pairs_bytes = (4 * n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
     per = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(klanerec)), GR // LR))  # tiles per work item
     pairs = <int32_t*>lc_scratch(pairs_bytes + (per * nb * sizeof(klanerec) if n_tok > TCH else 0))

@@ -3,6 +3,8 @@
 # Only matmul512 cimports this: it is the one module compiled with the AVX-512 flags (setup.py), and it runs
 # only on a CPU that has them. The vector types are simd.pxd's (plain scalars to Cython: never do arithmetic
 # on them in Cython, call the intrinsic).
+from libc.stdint cimport int8_t, int32_t
+
 from llamacy.kernels.simd cimport __m128, __m128i, __m256, __m256i
 
 cdef extern from "simd512.h" nogil:
@@ -48,3 +50,28 @@ cdef extern from "simd512.h" nogil:
     __m128 _mm_load_ss(const float* p)
     __m128 _mm_cvtepi32_ps(__m128i a)
     __m128 _mm_fmadd_ps(__m128 a, __m128 b, __m128 c)
+
+cdef extern from "amx.h" nogil:
+    # Intel AMX (amx.h): turning the tile unit on, its register roles, and the 16 x 16 tiles.
+    const int LC_AMX
+    ctypedef struct lc_amxrec:
+        int8_t q[8][64]
+        float d[16]
+        float m[16]
+    ctypedef struct lc_kamxrec:
+        int8_t u[64][64]
+        int32_t sc[16][16]
+        int32_t pr[8][16]
+        float d[16]
+        float dmin[16]
+    ctypedef struct lc_q8a:
+        pass
+    ctypedef struct lc_q8k:
+        pass
+    int lc_amx_enable()
+    void lc_amx_config()
+    void lc_amx_release()
+    void lc_amx_lanes_tile(const lc_amxrec* rec, const lc_q8a* y, Py_ssize_t nb, float* out, Py_ssize_t ldo,
+                           int nvalid, int with_min)
+    void lc_amx_klanes_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, Py_ssize_t nb,
+                            float* out, Py_ssize_t ldo, int nvalid, int q6)

@@ -1,0 +1,98 @@
+"""The AMX prefill tiles (matmul512_amx.pxi, amx.h): the same bits as the VNNI kernels, on every path.
+
+The tile unit only makes each block's exact integer sums; the float steps are the VNNI row-lane kernels', so
+AMX on and off must agree bit for bit: for every row-lane type, row counts that leave an odd 8-row record or
+a partial one, token counts on both sides of 16 (the tile's tokens) and of the 64-token chunks, 1 and 2
+threads, the weights as stored and as repacked at load into 8-row tiles, and the numpy statement of the
+row-lane chain (test_kernels_512.py's) for the small cases. The dispatch: LLAMACY_NO_AMX=1 turns it off.
+
+Skipped where this CPU, OS or build cannot run the tile unit (matmul.AMX_STATUS says why).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from llamacy.kernels import matmul as mm
+from llamacy.kernels import quant
+from llamacy.kernels import repack as rp
+from tests.test_kernels import KQUANTS, T, make_weights
+from tests.test_kernels_512 import ROW_LANE_CHAINS, ROW_LANE_TYPES
+
+pytestmark = pytest.mark.skipif(mm.AMX_STATUS != "available", reason=f"AMX: {mm.AMX_STATUS}")
+
+N_TOK = (15, 16, 17, 33, 64, 67, 131)
+
+
+@pytest.fixture
+def amx_toggle():
+    """amx(on) sets the tile unit on or off for the products that follow; on again afterwards."""
+    yield mm.amx_set
+    mm.amx_set(True)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32)
+
+
+def _both(amx, fn):
+    amx(False)
+    off = fn()
+    assert amx(True)
+    return off, fn()
+
+
+@pytest.mark.parametrize("t", ROW_LANE_TYPES, ids=lambda t: t.name)
+def test_amx_gives_the_vnni_bits(t, amx_toggle):
+    rng = np.random.default_rng(70 + int(t))
+    shapes = ((16, 512), (24, 256), (37, 768)) if t in KQUANTS else ((16, 64), (24, 96), (37, 1536))
+    for rows, cols in shapes:
+        data = make_weights(t, rows, cols, rng)
+        for n in N_TOK:
+            x = rng.standard_normal((n, cols)).astype(np.float32)
+            for threads in (1, 2):
+                off, on = _both(amx_toggle, lambda: mm.matmul_py(data, int(t), x, nthreads=threads, impl="vnni"))
+                assert np.array_equal(_bits(on), _bits(off)), (rows, cols, n, threads)
+            if rows * n <= 24 * 33:  # the chain in Python: small cases only
+                want = ROW_LANE_CHAINS[t](data, quant.quantize_act(int(t), x), rows, cols, n)
+                assert np.array_equal(_bits(on), _bits(want)), (rows, cols, n)
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_amx_long_rows(t, amx_toggle):
+    """Rows long enough that the VNNI prefill keeps one 8-row record per work item (AMX takes two)."""
+    rng = np.random.default_rng(90 + int(t))
+    cols = 25600 if t in KQUANTS else 16384
+    data = make_weights(t, 33, cols, rng)
+    x = rng.standard_normal((40, cols)).astype(np.float32)
+    off, on = _both(amx_toggle, lambda: mm.matmul_py(data, int(t), x, nthreads=2, impl="vnni"))
+    assert np.array_equal(_bits(on), _bits(off))
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [16, 24, 40])
+def test_amx_on_tiles_repacked_at_load(t, rows, amx_toggle):
+    """Weights repacked into 8-row tiles (an odd number of tiles too): the stored rows' bits, AMX on or off."""
+    rng = np.random.default_rng(rows + int(t))
+    cols = 512 if t in KQUANTS else 256
+    data = make_weights(t, rows, cols, rng)
+    tiles, layout = rp.repack_tiles(int(t), data, rows, cols, 1)
+    for n in (16, 17, 64, 100):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        stored = mm.matmul_py(data, int(t), x, impl="vnni")
+        for threads in (1, 2):
+            off, on = _both(amx_toggle, lambda: mm.matmul_tiled_py(tiles, layout, rows, x, nthreads=threads))
+            assert np.array_equal(_bits(on), _bits(stored)), (n, threads)
+            assert np.array_equal(_bits(off), _bits(stored)), (n, threads)
+
+
+def test_no_amx_env_turns_it_off():
+    env = dict(os.environ, LLAMACY_NO_AMX="1")
+    code = "from llamacy.kernels import matmul as mm; print(mm.AMX_STATUS)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "off (LLAMACY_NO_AMX)"

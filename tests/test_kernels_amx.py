@@ -40,11 +40,12 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32)
 
 
-def _both(amx, fn):
+def _both(amx, fn, *args, **kw):
+    """fn(*args, **kw) with the tile unit off, then on."""
     amx(False)
-    off = fn()
+    off = fn(*args, **kw)
     assert amx(True)
-    return off, fn()
+    return off, fn(*args, **kw)
 
 
 @pytest.mark.parametrize("t", ROW_LANE_TYPES, ids=lambda t: t.name)
@@ -56,7 +57,7 @@ def test_amx_gives_the_vnni_bits(t, amx_toggle):
         for n in N_TOK:
             x = rng.standard_normal((n, cols)).astype(np.float32)
             for threads in (1, 2):
-                off, on = _both(amx_toggle, lambda: mm.matmul_py(data, int(t), x, nthreads=threads, impl="vnni"))
+                off, on = _both(amx_toggle, mm.matmul_py, data, int(t), x, nthreads=threads, impl="vnni")
                 assert np.array_equal(_bits(on), _bits(off)), (rows, cols, n, threads)
             if rows * n <= 24 * 33:  # the chain in Python: small cases only
                 want = ROW_LANE_CHAINS[t](data, quant.quantize_act(int(t), x), rows, cols, n)
@@ -70,7 +71,7 @@ def test_amx_long_rows(t, amx_toggle):
     cols = 25600 if t in KQUANTS else 16384
     data = make_weights(t, 33, cols, rng)
     x = rng.standard_normal((40, cols)).astype(np.float32)
-    off, on = _both(amx_toggle, lambda: mm.matmul_py(data, int(t), x, nthreads=2, impl="vnni"))
+    off, on = _both(amx_toggle, mm.matmul_py, data, int(t), x, nthreads=2, impl="vnni")
     assert np.array_equal(_bits(on), _bits(off))
 
 
@@ -86,7 +87,7 @@ def test_amx_on_tiles_repacked_at_load(t, rows, amx_toggle):
         x = rng.standard_normal((n, cols)).astype(np.float32)
         stored = mm.matmul_py(data, int(t), x, impl="vnni")
         for threads in (1, 2):
-            off, on = _both(amx_toggle, lambda: mm.matmul_tiled_py(tiles, layout, rows, x, nthreads=threads))
+            off, on = _both(amx_toggle, mm.matmul_tiled_py, tiles, layout, rows, x, nthreads=threads)
             assert np.array_equal(_bits(on), _bits(stored)), (n, threads)
             assert np.array_equal(_bits(off), _bits(stored)), (n, threads)
 

@@ -8,6 +8,10 @@ numpy statement of it; what is not a product's weight (token embeddings, expert 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -224,3 +228,52 @@ def test_load_leaves_no_thread_behind(tiny_model):
 
     Llama(tiny_model("llama", QT.Q4_1), n_threads=2)
     assert not [t for t in threading.enumerate() if t.name == "llamacy-load"]
+
+
+@needs_tiles
+@pytest.mark.parametrize(
+    "wtype", [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name
+)
+def test_prefetch_modes_give_the_same_bits(wtype):
+    """Decode's prefetch (the next-tile walk, or each stream a distance ahead, which past a short row's end
+    requests the next tile's row) changes only the speed: as stored and as tiles, 1 and 2 threads, rows
+    both shorter and longer than the distance, the same bits as the oracle-checked default."""
+    before = mm.PREFETCH
+    try:
+        for rows, cols in ((24, 256), (40, 2560)):
+            raw = _quantized(wtype, rows, cols, seed=cols)
+            tiled = rp.repack_tiles(int(wtype), raw, rows, cols, 1) if wtype in LAYOUT else None
+            x = np.random.default_rng(rows).standard_normal((3, cols)).astype(np.float32)
+            got = {}
+            for mode in ("tile", "stream"):
+                mm.prefetch_set(mode)
+                assert mode == mm.PREFETCH
+                for n in (1, 3):
+                    for threads in (1, 2):
+                        got[mode, n, threads, "stored"] = mm.matmul_py(
+                            raw, int(wtype), x[:n], nthreads=threads
+                        )
+                        if tiled is not None:
+                            got[mode, n, threads, "tiles"] = mm.matmul_tiled_py(
+                                *tiled, rows, x[:n], nthreads=threads
+                            )
+            for (mode, n, threads, kind), y in got.items():
+                np.testing.assert_array_equal(
+                    y, got["tile", n, 1, "stored"], err_msg=f"{mode} {kind} {threads}"
+                )
+    finally:
+        mm.prefetch_set(before)
+    with pytest.raises(ValueError, match="prefetch mode"):
+        mm.prefetch_set("far")
+
+
+def test_prefetch_follows_the_environment():
+    for env, want in (("tile", "tile"), ("stream", "stream" if mm.vnni_available() else "tile")):
+        out = subprocess.run(
+            [sys.executable, "-c", "from llamacy.kernels import matmul; print(matmul.PREFETCH)"],
+            env={**os.environ, "LLAMACY_PREFETCH": env},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == want

@@ -19,6 +19,8 @@ cdef extern from *:
             case 4: return __builtin_cpu_supports("avx512bw") != 0;
             case 5: return __builtin_cpu_supports("avx512vl") != 0;
             case 6: return __builtin_cpu_supports("avx512vnni") != 0;
+            case 7: return __builtin_cpu_is("intel") != 0;
+            case 8: return __builtin_cpu_is("amd") != 0;
         }
         return 0;
     #else
@@ -46,6 +48,11 @@ def avx512_features():
     """{'avx512f', 'avx512bw', 'avx512vl', 'avx512vnni': bool} for this CPU (and OS)."""
     return {"avx512f": bool(llamacy_cpu_has(3)), "avx512bw": bool(llamacy_cpu_has(4)),
             "avx512vl": bool(llamacy_cpu_has(5)), "avx512vnni": bool(llamacy_cpu_has(6))}
+
+
+def vendor():
+    """'intel', 'amd' or 'other': whose CPU this is (kernels tune their prefetching to it)."""
+    return "intel" if llamacy_cpu_has(7) else "amd" if llamacy_cpu_has(8) else "other"
 
 
 def has_avx512_vnni():

@@ -92,6 +92,41 @@ def _load_amx():
 
 AMX_STATUS = _load_amx()
 
+# Decode's weight prefetch in the VNNI kernels (matmul512.prefetch_set): bytes ahead within each stored row
+# and within a stream of 8-row tile records, or 0, 0 for the next-tile walk. Measured on an Intel Xeon
+# (BENCHMARKS.md, issue #29 session 17), the in-stream distances were the best of those tried; the next-tile
+# walk was kept where it was tuned (Zen 4). LLAMACY_PREFETCH=tile or stream overrides the CPU's choice.
+PREFETCH_STREAM = (1024, 2048)
+
+
+def _set_prefetch():
+    """'tile' or 'stream': the prefetch the VNNI kernels use here."""
+    if not _vnni_found:
+        return "tile"
+    from llamacy.kernels import cpu, matmul512
+
+    mode = os.environ.get("LLAMACY_PREFETCH", "")
+    if mode not in ("tile", "stream"):
+        mode = "stream" if cpu.vendor() == "intel" else "tile"
+    matmul512.prefetch_set(*(PREFETCH_STREAM if mode == "stream" else (0, 0)))
+    return mode
+
+
+PREFETCH = _set_prefetch()
+
+
+def prefetch_set(str mode):
+    """Decode's weight prefetch, 'tile' or 'stream' (benchmarks compare them in one process; the results
+    are the same bits either way)."""
+    global PREFETCH
+    if mode not in ("tile", "stream"):
+        raise ValueError(f"prefetch mode must be 'tile' or 'stream', got {mode!r}")
+    if _vnni_found:
+        from llamacy.kernels import matmul512
+
+        matmul512.prefetch_set(*(PREFETCH_STREAM if mode == "stream" else (0, 0)))
+        PREFETCH = mode
+
 
 def amx_set(bint on):
     """Turn the AMX prefill tiles on or off (tests and benchmarks compare the two in one process; the

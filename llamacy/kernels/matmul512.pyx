@@ -95,6 +95,23 @@ cdef enum:
     AMX_TOK = 16  # AMX prefill (matmul512_amx.pxi): tokens per tile (the A tile's rows); 16 rows per record
     AMX_PAIRS = 4  # AMX prefill: 16-row records per pass over the tokens (64 rows, in L2)
 
+# Decode's weight prefetch (set by prefetch_set, which matmul calls once at import). 0: while one 8-row
+# tile is read, the next tile's bytes are requested, walked 8 times as fast (tuned on Zen 4, where it won).
+# > 0: each stream is requested that many bytes ahead of where it is read: every stored row of the tile
+# (pf_row_ahead) or the tile records' one stream (pf_rec_ahead). On an Intel Xeon (Sapphire Rapids class)
+# the next-tile walk held the line-fill buffers the rows' own loads waited for: one thread streamed 9 GB/s
+# of Q8_0 rows against the 15.7 it reads bare; requested 512 bytes ahead in each row, 12 (BENCHMARKS.md).
+cdef Py_ssize_t pf_row_ahead = 0
+cdef Py_ssize_t pf_rec_ahead = 0
+
+# Where decode requests row p of an 8-row tile ka blocks ahead of block b (pf_row_ahead): in that row, or past
+# its end, in row p of the next tile, whose rows start cold otherwise (a tile of short rows, Llama-1B's
+# gate and up at 64 blocks, would begin with 8 misses).
+cdef inline Py_ssize_t row_ahead(int p, Py_ssize_t b, Py_ssize_t ka, Py_ssize_t nb) noexcept nogil:
+    b += ka
+    return p * nb + b if b < nb else (LR - 1 + p) * nb + b
+
+
 # The AMX prefill tiles (matmul512_amx.pxi) run: set by amx_enable, which matmul calls once at import.
 cdef bint amx_on = False
 cdef int _amx_usable = -1  # this build, CPU and OS run them (lc_amx_enable): -1 not asked yet, 0 no, 1 yes
@@ -290,6 +307,16 @@ def amx_enable(bint want):
         _amx_usable = 1 if lc_amx_enable() else 0
     amx_on = want and _amx_usable == 1
     return amx_on
+
+
+def prefetch_set(Py_ssize_t row_ahead, Py_ssize_t rec_ahead):
+    """Decode's weight prefetch: 0, 0 the next-tile walk; else bytes ahead within each stored row and
+    within a stream of tile records. Speed only: the products give the same bits either way."""
+    global pf_row_ahead, pf_rec_ahead
+    if row_ahead < 0 or rec_ahead < 0:
+        raise ValueError("prefetch distances must be >= 0")
+    pf_row_ahead = row_ahead
+    pf_rec_ahead = rec_ahead
 
 
 def amx_compiled():

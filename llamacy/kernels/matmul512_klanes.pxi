@@ -314,6 +314,7 @@ cdef void klanes_dec(const klblock* w, const tshape* shape, const block_q8k* y, 
     cdef Py_ssize_t b, i
     cdef const char* pf = <const char*>(w + KLANE_PF_TILES * LR * nb)
     cdef Py_ssize_t pfstep = LR * sizeof(klblock)
+    cdef Py_ssize_t ka = (pf_row_ahead + sizeof(klblock) - 1) // sizeof(klblock)
     for t in range(T):
         fa[t] = _mm256_setzero_ps()
         fm[t] = _mm256_setzero_ps()
@@ -321,7 +322,11 @@ cdef void klanes_dec(const klblock* w, const tshape* shape, const block_q8k* y, 
         for p in range(4):
             # a quarter of the step's prefetches with each pair of rows: in one burst they would hold the
             # load misses the rows' own loads wait for
-            lc_prefetch_span(pf + b * pfstep + p * pfstep // 4, (p + 1) * pfstep // 4 - p * pfstep // 4)
+            if ka == 0:
+                lc_prefetch_span(pf + b * pfstep + p * pfstep // 4, (p + 1) * pfstep // 4 - p * pfstep // 4)
+            else:
+                lc_prefetch_span(w + row_ahead(2 * p, b, ka, nb), sizeof(klblock))
+                lc_prefetch_span(w + row_ahead(2 * p + 1, b, ka, nb), sizeof(klblock))
             if klblock is block_q4_K or klblock is block_q5_K:
                 sm2 = k4_scales_mins2(w[2 * p * nb + b].scales, w[(2 * p + 1) * nb + b].scales)
             k_row_ints(w + 2 * p * nb + b, _mm256_castsi256_si128(sm2), y + b, nb, T, sa, oa)

@@ -251,12 +251,17 @@ cdef void lanes_dec(const laneblock* w, const tshape* shape, const block_q8a* y,
     cdef Py_ssize_t b
     cdef const char* pf = <const char*>(w + LANE_PF_TILES * LR * nb)
     cdef Py_ssize_t pfstep = LR * sizeof(laneblock)
+    cdef Py_ssize_t ka = (pf_row_ahead + sizeof(laneblock) - 1) // sizeof(laneblock)
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
         if laneblock is block_q4_1 or laneblock is block_q5_1:
             mins[t] = _mm256_setzero_ps()
     for b in range(nb):
-        lc_prefetch_span(pf + b * pfstep, pfstep)
+        if ka == 0:
+            lc_prefetch_span(pf + b * pfstep, pfstep)
+        else:
+            for p in range(LR):
+                lc_prefetch(w + row_ahead(p, b, ka, nb))
         for p in range(4):
             pair_quants(w + 2 * p * nb + b, w + (2 * p + 1) * nb + b, &lo[p], &hi[p])
             dh[p] = w[2 * p * nb + b].d

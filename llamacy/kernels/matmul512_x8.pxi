@@ -38,8 +38,9 @@ ctypedef fused x8any:
 
 
 # One tile of the 8 rows of records rec x T tokens from y (nb blocks apart; sums: their seeds, or NULL to
-# compute them here; Q4_1 has none); out[t * ldo + r]. pf: bytes to request ahead, block by block (NULL:
-# none).
+# compute them here; Q4_1 has none); out[t * ldo + r]. pf: the next tile's records, requested block by block
+# as these are read; with pf_rec_ahead set, only a flag: these records' own stream is requested that far
+# ahead instead (NULL: no prefetch).
 cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, const int32_t* sums,
                   Py_ssize_t nb, float* out, Py_ssize_t ldo, const char* pf) noexcept nogil:
     cdef int T = ntoks(shape)
@@ -64,7 +65,10 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
             mins[t] = _mm256_setzero_ps()
     for b in range(nb):
         if pf != NULL:
-            lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
+            if pf_rec_ahead == 0:
+                lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
+            else:
+                lc_prefetch_span(<const char*>(rec + b) + pf_rec_ahead, sizeof(x8any))
         for g in range(4):
             p = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
             wq[g] = _mm256_and_si256(p, m4)
@@ -145,7 +149,7 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
             token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
     if n_tok <= TCH:
         for i in range(ntiles):
-            pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles else NULL
+            pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles or pf_rec_ahead else NULL
             x8_tokens(rec + i * nb, X, sums, 0, n_tok, nb, Y, ldy, i * LR, pf)
         return 1
     t0 = 0
@@ -209,7 +213,10 @@ cdef void kx8_tile(const tshape* shape, const kx8rec* rec, const block_q8k* y, c
     for b in range(nb):
         k = rec + b
         if pf != NULL:
-            lc_prefetch_span(pf + b * sizeof(kx8rec), sizeof(kx8rec))
+            if pf_rec_ahead == 0:
+                lc_prefetch_span(pf + b * sizeof(kx8rec), sizeof(kx8rec))
+            else:
+                lc_prefetch_span(<const char*>(rec + b) + pf_rec_ahead, sizeof(kx8rec))
         for t in range(T):
             ia[t] = zero
         for j in range(4):  # sub-blocks 2j and 2j + 1
@@ -327,7 +334,7 @@ cdef int mm512_q4_k_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
     ktoken_pairs(X, n_tok * nb, pairs)
     if n_tok <= TCH:
         for i in range(ntiles):
-            pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles else NULL
+            pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles or pf_rec_ahead else NULL
             kx8_tokens(rec + i * nb, X, pairs, 0, n_tok, nb, Y, ldy, i * LR, pf)
         return 1
     buf = <klanerec*>(<char*>pairs + pairs_bytes)

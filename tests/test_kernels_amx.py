@@ -75,7 +75,7 @@ def test_amx_long_rows(t, amx_toggle):
     assert np.array_equal(_bits(on), _bits(off))
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [16, 24, 40])
 def test_amx_on_tiles_repacked_at_load(t, rows, amx_toggle):
     """Weights repacked into 8-row tiles (an odd number of tiles too): the stored rows' bits, AMX on or off."""

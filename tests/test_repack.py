@@ -20,11 +20,18 @@ from llamacy.engine import Llama
 from llamacy.kernels import matmul as mm
 from llamacy.kernels import quantize as qz
 from llamacy.kernels import repack as rp
-from llamacy.model.repack import LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_STORED, repack_enabled
+from llamacy.model.repack import (
+    LAYOUT_Q4_0_X8,
+    LAYOUT_Q4_1_X8,
+    LAYOUT_Q4_K_X8,
+    LAYOUT_Q8_0_X8,
+    LAYOUT_STORED,
+    repack_enabled,
+)
 
 needs_tiles = pytest.mark.skipif(not mm.tiles_available(), reason="8-row tiles need AVX-512 VNNI")
-LAYOUT = {QT.Q4_0: LAYOUT_Q4_0_X8, QT.Q4_1: LAYOUT_Q4_1_X8, QT.Q4_K: LAYOUT_Q4_K_X8}
-TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K], ids=lambda t: t.name)
+LAYOUT = {QT.Q4_0: LAYOUT_Q4_0_X8, QT.Q4_1: LAYOUT_Q4_1_X8, QT.Q4_K: LAYOUT_Q4_K_X8, QT.Q8_0: LAYOUT_Q8_0_X8}
+TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0], ids=lambda t: t.name)
 
 
 def _quantized(wtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -43,6 +50,16 @@ def _q4_0_tiles(raw: np.ndarray, rows: int, cols: int, has_min: bool = False) ->
     ]
     quants = blocks[:, :, :, head:].reshape(rows // 8, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4)
     return np.concatenate([*heads, quants.reshape(rows // 8, nb, 128)], axis=2).reshape(-1)
+
+
+def _q8_0_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q8_0's layout as stated in matmul512_x8.pxi (x8rec_q8): per 8 rows and block, the 8 fp16 scales, then
+    for each 4-byte group g of the quants the 8 rows' bytes 4g..4g+3 side by side, each xor 0x80 (q + 128)."""
+    nb = cols // 32
+    blocks = raw.reshape(rows // 8, 8, nb, 34)
+    scales = blocks[:, :, :, 0:2].transpose(0, 2, 1, 3).reshape(rows // 8, nb, 16)
+    quants = (blocks[:, :, :, 2:] ^ 0x80).reshape(rows // 8, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4)
+    return np.concatenate([scales, quants.reshape(rows // 8, nb, 256)], axis=2).reshape(-1)
 
 
 def _scales_mins_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,6 +97,9 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
     if wtype in (QT.Q4_0, QT.Q4_1):
         assert tiles.nbytes == raw.nbytes
         np.testing.assert_array_equal(tiles, _q4_0_tiles(raw, rows, cols, has_min=wtype == QT.Q4_1))
+    elif wtype == QT.Q8_0:
+        assert tiles.nbytes == raw.nbytes
+        np.testing.assert_array_equal(tiles, _q8_0_tiles(raw, rows, cols))
     else:
         assert tiles.nbytes == rows * cols // 256 * 148
         np.testing.assert_array_equal(tiles, _q4_k_tiles(raw, rows, cols))
@@ -88,7 +108,8 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
 def test_shapes_that_do_not_tile_are_refused():
     raw = _quantized(QT.Q4_0, 12, 64)
     assert rp.tile_layout(int(QT.Q4_0), 12, 64) == LAYOUT_STORED
-    assert rp.tile_layout(int(QT.Q8_0), 16, 64) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q5_0), 16, 64) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q8_0), 12, 64) == LAYOUT_STORED
     assert rp.tile_layout(int(QT.Q4_K), 16, 128) == LAYOUT_STORED
     with pytest.raises(ValueError, match="does not tile"):
         rp.repack_tiles(int(QT.Q4_0), raw, 12, 64)
@@ -152,10 +173,11 @@ def test_repack_off_by_environment(monkeypatch):
 
 @needs_tiles
 @pytest.mark.parametrize(
-    ("wtype", "tied"), [(QT.Q4_0, True), (QT.Q4_0, False), (QT.Q4_1, False), (QT.Q4_K, False)]
+    ("wtype", "tied"),
+    [(QT.Q4_0, True), (QT.Q4_0, False), (QT.Q4_1, False), (QT.Q4_K, False), (QT.Q8_0, False)],
 )
 def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied):
-    """A Q4_0 / Q4_1 / Q4_K model loaded repacked and as stored: the same logits bit for bit, whole prompt,
+    """A Q4_0 / Q4_1 / Q4_K / Q8_0 model loaded repacked and as stored: the same logits bit for bit, whole prompt,
     micro-batches and one token at a time, 1 and 2 threads; its layer matrices are tiles, its token
     embeddings (the head too, when tied) rows."""
     wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype == QT.Q4_K else {}
@@ -196,6 +218,7 @@ def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
         (QT.Q4_K, 16, 512),
         (QT.Q4_1, 2056, 2048),
         (QT.Q4_0, 64, 32),
+        (QT.Q8_0, 1032, 1024),
     ]
     raws = [_quantized(w, r, c, seed=i) for i, (w, r, c) in enumerate(shapes)]
     assert raws[3].nbytes > 2 * 2**20  # three pieces
@@ -217,7 +240,7 @@ def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
         np.testing.assert_array_equal(np.asarray(mapped), np.concatenate([r.reshape(-1) for r in raws]))
     assert rp.repack_many([], 2) == []
     with pytest.raises(ValueError, match="does not tile"):  # checked before any work
-        rp.repack_many([(int(QT.Q4_0), raws[0], 8, 64, False), (int(QT.Q8_0), raws[0], 8, 64, False)])
+        rp.repack_many([(int(QT.Q4_0), raws[0], 8, 64, False), (int(QT.Q5_0), raws[0], 8, 64, False)])
 
 
 @needs_tiles

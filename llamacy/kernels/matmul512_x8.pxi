@@ -1,4 +1,4 @@
-# Q4_0, Q4_1 and Q4_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
+# Q4_0, Q4_1, Q8_0 and Q4_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
 # model/repack.py decides which): the VNNI products that read them. Included by matmul512.pyx, whose types
 # and the row-lane helpers of matmul512_lanes.pxi and matmul512_klanes.pxi it uses.
 #
@@ -32,9 +32,19 @@ ctypedef struct x8rec_min:
     uint16_t m[LR]
     uint8_t q[4][32]
 
+# Q8_0's block of 8 rows: d, the rows' fp16 scales; q[g], row r's quants 4g..4g+3 at bytes 4r..4r+3, each
+# plus 128 (what dpbusd takes unsigned; load_u's q + 128): lanes_tile's wq[g] as they lie. 272 bytes, 8 stored
+# blocks' worth. Read as stored, 8 rows are 8 streams of 34-byte blocks, whose scales decode gathers one by
+# one; as a tile they are one stream (on the Intel Xeon a Llama-1B's 64-block rows streamed at 16-19 GB/s
+# at 2 threads as stored, BENCHMARKS.md).
+ctypedef struct x8rec_q8:
+    uint16_t d[LR]
+    uint8_t q[8][32]
+
 ctypedef fused x8any:
     x8rec
     x8rec_min
+    x8rec_q8
 
 
 # One tile of the 8 rows of records rec x T tokens from y (nb blocks apart; sums: their seeds, or NULL to
@@ -69,10 +79,14 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
                 lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
             else:
                 lc_prefetch_span(<const char*>(rec + b) + pf_rec_ahead, sizeof(x8any))
-        for g in range(4):
-            p = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
-            wq[g] = _mm256_and_si256(p, m4)
-            wq[g + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
+        if x8any is x8rec_q8:
+            for g in range(8):
+                wq[g] = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
+        else:
+            for g in range(4):
+                p = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
+                wq[g] = _mm256_and_si256(p, m4)
+                wq[g + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
         dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].d))
         if x8any is x8rec_min:
             mw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].m))
@@ -84,7 +98,8 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
             elif sums != NULL:
                 seed = sums[t * nb + b]
             else:
-                seed = -8 * hsum8_epi32(_mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>xq)))
+                seed = -(128 if x8any is x8rec_q8 else 8) * hsum8_epi32(
+                    _mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>xq)))
             lo = _mm256_set1_epi32(seed)
             hi = zero
             for g in range(4):
@@ -143,10 +158,13 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
         rows -= done
         ntiles = rows // LR
         Y += done
-    if x8any is x8rec:
+    if x8any is x8rec or x8any is x8rec_q8:
         sums = <int32_t*>lc_scratch(n_tok * nb * sizeof(int32_t))
         if sums != NULL:
-            token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
+            if x8any is x8rec:
+                token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
+            else:
+                token_sums(<const block_q8_0*>NULL, X, n_tok * nb, sums)
     if n_tok <= TCH:
         for i in range(ntiles):
             pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles or pf_rec_ahead else NULL
@@ -169,6 +187,11 @@ cdef int mm512_q4_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
 cdef int mm512_q4_1_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
                        float* Y, Py_ssize_t ldy) noexcept nogil:
     return x8_product(<const x8rec_min*>W, rows, cols, <const block_q8a*>X, n_tok, Y, ldy)
+
+
+cdef int mm512_q8_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
+                       float* Y, Py_ssize_t ldy) noexcept nogil:
+    return x8_product(<const x8rec_q8*>W, rows, cols, <const block_q8a*>X, n_tok, Y, ldy)
 
 
 # ---- Q4_K

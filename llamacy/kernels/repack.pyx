@@ -2,15 +2,17 @@
 # which): 8-row tiles, one per quantized type that has a tile kernel (matmul512_x8.pxi states each layout;
 # tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
 # blocks' bytes, so tile i starts where row 8i did; Q4_1 likewise, 160 bytes (its mins beside the scales).
+# Q8_0: 272 bytes per 8 rows x 32 values, the quants made unsigned (q + 128, what dpbusd takes).
 # Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes).
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q8_0
 from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, layout_row_bytes,
+    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, LAYOUT_Q8_0_X8 as _Q8_0_X8,
+    layout_row_bytes,
 )
 from llamacy.kernels.values cimport scale_min_k4
 
@@ -23,11 +25,13 @@ LAYOUT_STORED = 0
 LAYOUT_Q4_0_X8 = _Q4_0_X8
 LAYOUT_Q4_K_X8 = _Q4_K_X8
 LAYOUT_Q4_1_X8 = _Q4_1_X8
+LAYOUT_Q8_0_X8 = _Q8_0_X8
 
 cdef enum:
     TILE_ROWS = 8
     Q4_0_BYTES = 18    # fp16 scale, 16 bytes of nibbles (values j and j + 16 in byte j)
     Q4_1_BYTES = 20    # fp16 scale, fp16 min, 16 bytes of nibbles
+    Q8_0_BYTES = 34    # fp16 scale, 32 int8 quants
     Q4_K_BYTES = 144   # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
     Q4_K_TILE = 1184   # kx8rec: q 1024, sc 64, mn 64, d 16, dmin 16
     Q4_K_SC = 1024
@@ -43,7 +47,8 @@ ctypedef struct PackJob:
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
     int has_min            # Q4_1: an fp16 min after each block's scale
-    int k_quant            # Q4_K (_pack_q4_k); else Q4_0 / Q4_1 (_pack_q4_0_q4_1)
+    int k_quant            # Q4_K (_pack_q4_k)
+    int q8                 # Q8_0 (_pack_q8_0); else Q4_0 / Q4_1 (_pack_q4_0_q4_1)
 
 
 cdef void _pack_q4_0_q4_1(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -66,6 +71,26 @@ cdef void _pack_q4_0_q4_1(void* ctx, int64_t begin, int64_t end, int tid) noexce
                     memcpy(rec + 16 + 2 * r, row + 2, 2)
                 for g in range(4):
                     memcpy(rec + quants + 32 * g + 4 * r, row + head + 4 * g, 4)
+
+
+cdef void _pack_q8_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Row tiles begin..end-1: per block, the 8 scales, then for each 4-byte group g of the quants the 8
+    rows' bytes 4g..4g+3 side by side, each plus 128 (xor 0x80): the unsigned operand of dpbusd."""
+    cdef PackJob* j = <PackJob*> ctx
+    cdef Py_ssize_t i, b, r, g
+    cdef const uint8_t* row
+    cdef uint8_t* rec
+    cdef uint32_t v
+    for i in range(begin, end):
+        for b in range(j.nb):
+            rec = j.dst + (i * j.nb + b) * TILE_ROWS * Q8_0_BYTES
+            for r in range(TILE_ROWS):
+                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q8_0_BYTES
+                memcpy(rec + 2 * r, row, 2)
+                for g in range(8):
+                    memcpy(&v, row + 2 + 4 * g, 4)
+                    v ^= 0x80808080u
+                    memcpy(rec + 16 + 32 * g + 4 * r, &v, 4)
 
 
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -101,6 +126,8 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
         return LAYOUT_Q4_1_X8
     if wtype == T_Q4_K and cols % 256 == 0:
         return LAYOUT_Q4_K_X8
+    if wtype == T_Q8_0 and cols % 32 == 0:
+        return LAYOUT_Q8_0_X8
     return LAYOUT_STORED
 
 
@@ -141,6 +168,8 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         j = &m.jobs[pc.job]
         if j.k_quant:
             _pack_q4_k(j, pc.t0, pc.t1, tid)
+        elif j.q8:
+            _pack_q8_0(j, pc.t0, pc.t1, tid)
         else:
             _pack_q4_0_q4_1(j, pc.t0, pc.t1, tid)
         if pc.rel and m.page > 0:
@@ -162,7 +191,8 @@ def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
     if layout == LAYOUT_STORED:
         raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
     nb = cols // 256 if layout == LAYOUT_Q4_K_X8 else cols // 32
-    row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES}.get(layout, Q4_K_BYTES)
+    row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES, LAYOUT_Q8_0_X8: Q8_0_BYTES}.get(
+        layout, Q4_K_BYTES)
     src = _bytes_of(data)
     if src.shape[0] < rows * row_bytes:
         raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {row_bytes}")
@@ -211,6 +241,7 @@ def repack_many(items, int nthreads=1):
             jobs[i].row_bytes = row_bytes
             jobs[i].has_min = layout == LAYOUT_Q4_1_X8
             jobs[i].k_quant = layout == LAYOUT_Q4_K_X8
+            jobs[i].q8 = layout == LAYOUT_Q8_0_X8
             total = items[i][2] // TILE_ROWS
             step = steps[i]
             for t in range(0, total, step):

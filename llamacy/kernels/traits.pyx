@@ -84,6 +84,8 @@ cdef Py_ssize_t layout_row_bytes(int layout, Py_ssize_t cols) noexcept nogil:
         return cols // 256 * 148
     if layout == LAYOUT_Q4_1_X8:
         return cols // 32 * 20
+    if layout == LAYOUT_Q8_0_X8:
+        return cols // 32 * 34
     return 0
 
 

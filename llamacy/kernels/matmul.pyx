@@ -99,22 +99,6 @@ AMX_STATUS = _load_amx()
 PREFETCH_STREAM = (1024, 2048)
 
 
-def _set_prefetch():
-    """'tile' or 'stream': the prefetch the VNNI kernels use here."""
-    if not _vnni_found:
-        return "tile"
-    from llamacy.kernels import cpu, matmul512
-
-    mode = os.environ.get("LLAMACY_PREFETCH", "")
-    if mode not in ("tile", "stream"):
-        mode = "stream" if cpu.vendor() == "intel" else "tile"
-    matmul512.prefetch_set(*(PREFETCH_STREAM if mode == "stream" else (0, 0)))
-    return mode
-
-
-PREFETCH = _set_prefetch()
-
-
 def prefetch_set(str mode):
     """Decode's weight prefetch, 'tile' or 'stream' (benchmarks compare them in one process; the results
     are the same bits either way)."""
@@ -126,6 +110,20 @@ def prefetch_set(str mode):
 
         matmul512.prefetch_set(*(PREFETCH_STREAM if mode == "stream" else (0, 0)))
         PREFETCH = mode
+
+
+def _default_prefetch():
+    """LLAMACY_PREFETCH where it names a mode, else this CPU's: 'stream' on Intel, 'tile' elsewhere."""
+    mode = os.environ.get("LLAMACY_PREFETCH", "")
+    if mode in ("tile", "stream"):
+        return mode
+    from llamacy.kernels import cpu
+
+    return "stream" if cpu.vendor() == "intel" else "tile"
+
+
+PREFETCH = "tile"  # the kernels' initial state; what they use here is set next
+prefetch_set(_default_prefetch())
 
 
 def amx_set(bint on):

@@ -47,20 +47,23 @@ ctypedef struct PackJob:
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
     int has_min            # Q4_1: an fp16 min after each block's scale
-    int k_quant            # Q4_K (_pack_q4_k)
-    int q8                 # Q8_0 (_pack_q8_0); else Q4_0 / Q4_1 (_pack_q4_0_q4_1)
+    int k_quant            # Q4_K (_pack_q4_k); else Q4_0 / Q4_1 / Q8_0 (_pack_legacy)
+    int groups             # _pack_legacy: 4-byte groups of quants per block (Q4_0 and Q4_1 4, Q8_0 8)
+    uint32_t flip          # _pack_legacy: xor on every 4 quant bytes (Q8_0: 0x80808080, q + 128)
 
 
-cdef void _pack_q4_0_q4_1(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
-    """Row tiles begin..end-1: per block, the 8 scales (Q4_1: then the 8 mins), then for each 4-byte group
-    g of the quants the 8 rows' bytes 4g..4g+3 side by side."""
+cdef void _pack_legacy(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Row tiles begin..end-1 of Q4_0, Q4_1 or Q8_0: per block, the 8 scales (Q4_1: then the 8 mins), then
+    for each 4-byte group g of the quants the 8 rows' bytes 4g..4g+3 side by side, xor j.flip (Q8_0: each
+    byte plus 128, the unsigned operand of dpbusd)."""
     cdef PackJob* j = <PackJob*> ctx
     cdef Py_ssize_t i, b, r, g
     cdef Py_ssize_t head = 4 if j.has_min else 2  # stored: d (and m) before the quants
-    cdef Py_ssize_t block = head + 16
+    cdef Py_ssize_t block = head + 4 * j.groups
     cdef Py_ssize_t quants = 8 * head  # in the tile: the 8 rows' d (and m) before the quants
     cdef const uint8_t* row
     cdef uint8_t* rec
+    cdef uint32_t v
     for i in range(begin, end):
         for b in range(j.nb):
             rec = j.dst + (i * j.nb + b) * TILE_ROWS * block
@@ -69,28 +72,10 @@ cdef void _pack_q4_0_q4_1(void* ctx, int64_t begin, int64_t end, int tid) noexce
                 memcpy(rec + 2 * r, row, 2)
                 if j.has_min:
                     memcpy(rec + 16 + 2 * r, row + 2, 2)
-                for g in range(4):
-                    memcpy(rec + quants + 32 * g + 4 * r, row + head + 4 * g, 4)
-
-
-cdef void _pack_q8_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
-    """Row tiles begin..end-1: per block, the 8 scales, then for each 4-byte group g of the quants the 8
-    rows' bytes 4g..4g+3 side by side, each plus 128 (xor 0x80): the unsigned operand of dpbusd."""
-    cdef PackJob* j = <PackJob*> ctx
-    cdef Py_ssize_t i, b, r, g
-    cdef const uint8_t* row
-    cdef uint8_t* rec
-    cdef uint32_t v
-    for i in range(begin, end):
-        for b in range(j.nb):
-            rec = j.dst + (i * j.nb + b) * TILE_ROWS * Q8_0_BYTES
-            for r in range(TILE_ROWS):
-                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q8_0_BYTES
-                memcpy(rec + 2 * r, row, 2)
-                for g in range(8):
-                    memcpy(&v, row + 2 + 4 * g, 4)
-                    v ^= 0x80808080u
-                    memcpy(rec + 16 + 32 * g + 4 * r, &v, 4)
+                for g in range(j.groups):
+                    memcpy(&v, row + head + 4 * g, 4)
+                    v ^= j.flip
+                    memcpy(rec + quants + 32 * g + 4 * r, &v, 4)
 
 
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -168,10 +153,8 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         j = &m.jobs[pc.job]
         if j.k_quant:
             _pack_q4_k(j, pc.t0, pc.t1, tid)
-        elif j.q8:
-            _pack_q8_0(j, pc.t0, pc.t1, tid)
         else:
-            _pack_q4_0_q4_1(j, pc.t0, pc.t1, tid)
+            _pack_legacy(j, pc.t0, pc.t1, tid)
         if pc.rel and m.page > 0:
             a = <size_t>(j.src + pc.t0 * TILE_ROWS * j.row_bytes)
             b = <size_t>(j.src + pc.t1 * TILE_ROWS * j.row_bytes)
@@ -241,7 +224,8 @@ def repack_many(items, int nthreads=1):
             jobs[i].row_bytes = row_bytes
             jobs[i].has_min = layout == LAYOUT_Q4_1_X8
             jobs[i].k_quant = layout == LAYOUT_Q4_K_X8
-            jobs[i].q8 = layout == LAYOUT_Q8_0_X8
+            jobs[i].groups = 8 if layout == LAYOUT_Q8_0_X8 else 4
+            jobs[i].flip = 0x80808080u if layout == LAYOUT_Q8_0_X8 else 0
             total = items[i][2] // TILE_ROWS
             step = steps[i]
             for t in range(0, total, step):

@@ -139,6 +139,29 @@ def test_tiles_give_the_stored_rows_bits(wtype, rows, cols):
 
 
 @needs_tiles
+@pytest.mark.parametrize(("rows", "cols"), [(16, 256), (40, 512), (56, 1024)])
+@TYPES
+def test_tile_pairs_give_the_single_tiles_bits(wtype, rows, cols):
+    """A prompt's products take the tiles two at a time in 512-bit vectors (x16.h); an odd tile out (40 rows,
+    and at 2 threads 56) goes alone: on or off, every chunk's tail, the same bits as the stored rows."""
+    raw = _quantized(wtype, rows, cols, seed=cols)
+    tiles, layout = rp.repack_tiles(int(wtype), raw, rows, cols, 1)
+    x = np.random.default_rng(rows).standard_normal((197, cols)).astype(np.float32)
+    try:
+        for n in (65, 66, 67, 128, 197):
+            got = {}
+            for on in (True, False):
+                mm.pairs_set(on)
+                for threads in (1, 2):
+                    got[on, threads] = mm.matmul_tiled_py(tiles, layout, rows, x[:n], nthreads=threads)
+            want = mm.matmul_py(raw, int(wtype), x[:n])
+            for key, y in got.items():
+                np.testing.assert_array_equal(y, want, err_msg=f"n={n} (pairs, threads)={key}")
+    finally:
+        mm.pairs_set(True)
+
+
+@needs_tiles
 def test_tile_product_checks_its_operands():
     raw = _quantized(QT.Q4_0, 16, 64)
     tiles, layout = rp.repack_tiles(int(QT.Q4_0), raw, 16, 64)

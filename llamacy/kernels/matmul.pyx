@@ -136,6 +136,20 @@ def amx_set(bint on):
     return matmul512.amx_enable(on)
 
 
+def pairs_set(bint on):
+    """A prompt's products over two 8-row tiles at a time in 512-bit vectors (the VNNI kernels), or one at a
+    time (tests and benchmarks compare the two; the same bits either way). LLAMACY_PAIRS=0 starts with it
+    off."""
+    if _vnni_found:
+        from llamacy.kernels import matmul512
+
+        matmul512.pairs_set(on)
+
+
+if os.environ.get("LLAMACY_PAIRS", "") == "0":
+    pairs_set(False)
+
+
 def vnni_available():
     """True if the AVX-512 VNNI kernels can run here (CPU and build), whether or not matmul uses them."""
     return _vnni_found

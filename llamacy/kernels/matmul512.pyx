@@ -29,8 +29,11 @@
 #     per-lane tiles (ktile). Decode reads the blocks as stored and folds 8 rows' lanes into one vector.
 #   - Q4_0, Q4_1 and Q4_K repacked at load into 8-row tiles (model/repack.py; matmul512_x8.pxi): no
 #     per-product repacking at all; the same chains as the row-lane kernels, so the same bits.
-# The 256-bit forms keep the core at its AVX2 clock; 512-bit vectors would not add multiplier throughput on
-# Zen 4 (double-pumped) and would change the order of the float sums.
+#   - A prompt's products take two 8-row tiles at once in 512-bit vectors (x16.h): each token's quants are
+#     broadcast from memory once per 16 rows instead of once per 8. On Zen 4 the 512-bit multiplies are
+#     double-pumped (no more multiplier throughput), but the broadcasts, not the multipliers, bound the
+#     8-row tiles: 1.3-1.6x the kernels' rate. Each lane is still one row's chain, so the bits are the same.
+# Decode and few tokens keep 256-bit forms: they stream the weights from memory.
 #
 # Float order (tested in tests/test_kernels_512.py). Per (row, token):
 #   Q4_0, Q5_0, Q8_0: Y = fma(float(isum_b), d_w*d_x, Y) over blocks b in order, isum_b the block's exact
@@ -70,6 +73,30 @@ from llamacy.kernels.traits cimport (
 # Each thread that calls mm512 keeps one buffer for the repacked rows of its work items (scratch.h).
 cdef extern from "scratch.h" nogil:
     void* lc_scratch(size_t n)
+
+# Prompts' products over two 8-row tiles at once, in 512-bit vectors (x16.h): the legacy types' load-time
+# tiles (x8rec, x8rec_min, x8rec_q8) and the K-quants' prefill records (klanerec).
+cdef extern from "x16.h" nogil:
+    ctypedef struct lc_x16_q8a:
+        pass
+    ctypedef struct lc_x16_q8k:
+        pass
+    ctypedef struct lc_x16_krec:
+        pass
+    void lc_x16_q4_0(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
+                     Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
+    void lc_x16_q4_1(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
+                     Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
+    void lc_x16_q8_0(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
+                     Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
+    void lc_x16_lane(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
+                     Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
+    void lc_x16_lane_min(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
+                         Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
+    void lc_kx16_q4_k(const void* ra, const void* rb, const void* X, const int32_t* pairs, Py_ssize_t t0,
+                      Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
+    void lc_kx16_q6_k(const void* ra, const void* rb, const void* X, const int32_t* pairs, Py_ssize_t t0,
+                      Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
 
 
 cdef enum:
@@ -114,6 +141,8 @@ cdef inline Py_ssize_t row_ahead(int p, Py_ssize_t b, Py_ssize_t ka, Py_ssize_t 
 
 # The AMX prefill tiles (matmul512_amx.pxi) run: set by amx_enable, which matmul calls once at import.
 cdef bint amx_on = False
+# A prompt's products take their 8-row tiles in pairs, in 512-bit vectors (x16.h): set by pairs_set.
+cdef bint pairs_on = True
 cdef int _amx_usable = -1  # this build, CPU and OS run them (lc_amx_enable): -1 not asked yet, 0 no, 1 yes
 
 
@@ -154,6 +183,8 @@ ctypedef fused laneblock:
     block_q5_1
     block_q8_0
 
+
+assert sizeof(lc_x16_q8a) == sizeof(block_q8a) and sizeof(lc_x16_q8k) == sizeof(block_q8k)
 
 include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
@@ -318,6 +349,13 @@ def prefetch_set(Py_ssize_t row_ahead, Py_ssize_t rec_ahead):
         raise ValueError("prefetch distances must be >= 0")
     pf_row_ahead = row_ahead
     pf_rec_ahead = rec_ahead
+
+
+def pairs_set(bint on):
+    """A prompt's products over two 8-row tiles at a time in 512-bit vectors (x16.h), or one at a time.
+    Speed only: the same bits either way."""
+    global pairs_on
+    pairs_on = on
 
 
 def amx_compiled():

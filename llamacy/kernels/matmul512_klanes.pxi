@@ -398,6 +398,19 @@ cdef inline void klanes_tokens(const klblock* tag, const klanerec* rec, const bl
         klanes_tile(tag, <const tok1*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
 
 
+# Row tiles rec and rec + nb (16 rows, output rows from Y) against tokens [t0, t1), in 512-bit vectors
+# (x16.h): klanes_tile's steps, so its bits.
+cdef inline void klanes_pair(const klblock* tag, const klanerec* rec, const block_q8k* X, const int32_t* pairs,
+                             Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy) noexcept nogil:
+    if klblock is block_q6_K:
+        lc_kx16_q6_k(rec, rec + nb, X, NULL, t0, t1, nb, Y, ldy)
+    else:
+        lc_kx16_q4_k(rec, rec + nb, X, pairs, t0, t1, nb, Y, ldy)
+
+
+assert sizeof(lc_x16_krec) == sizeof(klanerec)
+
+
 # Prefill work item g: rows [g*G, g*G + G), repacked LR at a time into buf (nb records per LR rows), against
 # every token, TCH tokens at a time. Each row tile is repacked right before its first chunk of tokens (so
 # that with one chunk it is still in L1) and kept for the later chunks (in L2).
@@ -412,11 +425,20 @@ cdef void klanes_group(const klblock* W, Py_ssize_t rows, Py_ssize_t nb, const b
     t0 = 0
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)
-        for i in range(ntiles):
+        i = 0
+        if pairs_on and n_tok > TCH:  # a prompt: whole tiles two at a time (few tokens gain nothing)
+            while r0 + (i + 2) * LR <= r1:
+                if t0 == 0:
+                    repack_klanes(W + (r0 + i * LR) * nb, LR, nb, buf + i * nb)
+                    repack_klanes(W + (r0 + i * LR + LR) * nb, LR, nb, buf + (i + 1) * nb)
+                klanes_pair(W, buf + i * nb, X, pairs, t0, t1, nb, Y + r0 + i * LR, ldy)
+                i += 2
+        while i < ntiles:
             nvalid = <int>min(<Py_ssize_t>LR, r1 - r0 - i * LR)
             if t0 == 0:
                 repack_klanes(W + (r0 + i * LR) * nb, nvalid, nb, buf + i * nb)
             klanes_tokens(W, buf + i * nb, X, pairs, t0, t1, nb, Y, ldy, r0 + i * LR, nvalid)
+            i += 1
         t0 = t1
 
 

@@ -380,6 +380,19 @@ cdef inline void lanes_tokens(const laneblock* W, const lanerec* rec, const bloc
         lanes_tile(W, <const tok1*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
 
 
+# Row tiles rec and rec + nb (16 rows, output rows from Y) against tokens [t0, t1), in 512-bit vectors
+# (x16.h): lanes_tile's steps, so its bits.
+assert sizeof(lanerec) == 320  # x16.h reads d at byte 256, m at 288
+
+
+cdef inline void lanes_pair(const laneblock* tag, const lanerec* rec, const block_q8a* X, const int32_t* sums,
+                            Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy) noexcept nogil:
+    if laneblock is block_q4_1 or laneblock is block_q5_1:
+        lc_x16_lane_min(rec, rec + nb, sizeof(lanerec), X, NULL, t0, t1, nb, Y, ldy)
+    else:
+        lc_x16_lane(rec, rec + nb, sizeof(lanerec), X, sums, t0, t1, nb, Y, ldy)
+
+
 # Prefill work item g: rows [g*G, g*G + G), repacked LR at a time into buf (nb records per LR rows), against
 # every token (sums: their seeds), TCH tokens at a time. Each row tile is repacked right before its first
 # chunk of tokens (so that with one chunk it is still in L1) and kept for the later chunks (in L2).
@@ -394,11 +407,20 @@ cdef void lanes_group(const laneblock* W, Py_ssize_t rows, Py_ssize_t nb, const 
     t0 = 0
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)
-        for i in range(ntiles):
+        i = 0
+        if pairs_on and n_tok > TCH:  # a prompt: whole tiles two at a time (few tokens gain nothing)
+            while r0 + (i + 2) * LR <= r1:
+                if t0 == 0:
+                    repack_lanes(W + (r0 + i * LR) * nb, LR, nb, buf + i * nb)
+                    repack_lanes(W + (r0 + i * LR + LR) * nb, LR, nb, buf + (i + 1) * nb)
+                lanes_pair(W, buf + i * nb, X, sums, t0, t1, nb, Y + r0 + i * LR, ldy)
+                i += 2
+        while i < ntiles:
             nvalid = <int>min(<Py_ssize_t>LR, r1 - r0 - i * LR)
             if t0 == 0:
                 repack_lanes(W + (r0 + i * LR) * nb, nvalid, nb, buf + i * nb)
             lanes_tokens(W, buf + i * nb, X, sums, t0, t1, nb, Y, ldy, r0 + i * LR, nvalid)
+            i += 1
         t0 = t1
 
 

@@ -173,10 +173,27 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
     t0 = 0
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)
-        for i in range(ntiles):
+        i = 0
+        if pairs_on and (sums != NULL or x8any is x8rec_min):
+            while i + 2 <= ntiles:
+                x16_tokens(rec + i * nb, X, sums, t0, t1, nb, Y + i * LR, ldy)
+                i += 2
+        while i < ntiles:
             x8_tokens(rec + i * nb, X, sums, t0, t1, nb, Y, ldy, i * LR, NULL)
+            i += 1
         t0 = t1
     return 1
+
+
+# Tiles rec and rec + nb (16 rows, output rows from Y) against tokens [t0, t1), in 512-bit vectors (x16.h).
+cdef inline void x16_tokens(const x8any* rec, const block_q8a* X, const int32_t* sums, Py_ssize_t t0,
+                            Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy) noexcept nogil:
+    if x8any is x8rec:
+        lc_x16_q4_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
+    elif x8any is x8rec_min:
+        lc_x16_q4_1(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
+    else:
+        lc_x16_q8_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
 
 
 cdef int mm512_q4_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
@@ -368,9 +385,16 @@ cdef int mm512_q4_k_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
         t0 = 0
         while t0 < n_tok:
             t1 = min(n_tok, t0 + TCH)
-            for i in range(ng):
+            i = 0
+            if pairs_on:
+                while i + 2 <= ng:
+                    klanes_pair(<const block_q4_K*>NULL, buf + i * nb, X, pairs, t0, t1, nb,
+                                Y + (g0 + i) * LR, ldy)
+                    i += 2
+            while i < ng:
                 klanes_tokens(<const block_q4_K*>NULL, buf + i * nb, X, pairs, t0, t1, nb, Y, ldy,
                               (g0 + i) * LR, LR)
+                i += 1
             t0 = t1
         g0 += ng
     return 1

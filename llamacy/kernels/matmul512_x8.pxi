@@ -69,16 +69,17 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
     cdef int r, t, g
     cdef int32_t seed
     cdef Py_ssize_t b
+    cdef Py_ssize_t ahead = pf_rec_ahead  # a local: the global would be read again at every block
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
         if x8any is x8rec_min:
             mins[t] = _mm256_setzero_ps()
     for b in range(nb):
         if pf != NULL:
-            if pf_rec_ahead == 0:
+            if ahead == 0:
                 lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
             else:
-                lc_prefetch_span(<const char*>(rec + b) + pf_rec_ahead, sizeof(x8any))
+                lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(x8any))
         if x8any is x8rec_q8:
             for g in range(8):
                 wq[g] = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
@@ -247,16 +248,17 @@ cdef void kx8_tile(const tshape* shape, const kx8rec* rec, const block_q8k* y, c
     cdef float res[LR]
     cdef int r, t, g, j
     cdef Py_ssize_t b
+    cdef Py_ssize_t ahead = pf_rec_ahead  # a local: the global would be read again at every block
     for t in range(T):
         fa[t] = _mm256_setzero_ps()
         fm[t] = _mm256_setzero_ps()
     for b in range(nb):
         k = rec + b
         if pf != NULL:
-            if pf_rec_ahead == 0:
+            if ahead == 0:
                 lc_prefetch_span(pf + b * sizeof(kx8rec), sizeof(kx8rec))
             else:
-                lc_prefetch_span(<const char*>(rec + b) + pf_rec_ahead, sizeof(kx8rec))
+                lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(kx8rec))
         for t in range(T):
             ia[t] = zero
         for j in range(4):  # sub-blocks 2j and 2j + 1

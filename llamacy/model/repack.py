@@ -14,7 +14,9 @@ every such matrix once. LLAMACY_REPACK=0 keeps the file's layout.
 Q8_0 goes into tiles too (one stream instead of 8 rows of 34-byte blocks). On the Intel Xeon of issue #29
 (2 threads): qwen2.5-1.5b Q8_0 decode 10.3 -> 15.5 t/s (its 1536-wide rows are 48 blocks), llama-3.2-1b Q8_0
 1.03x; the load then takes 1.3-4.5 s to the first token instead of 0.7 s (llama.cpp's CLI, which repacks
-too: 4.6-6.8 s on the same file).
+too: 4.6-6.8 s on the same file). On Zen 4: decode 1.25x on both qwen2.5-1.5b and llama-3.2-1b Q8_0; the
+first token 2.4-3.0 s instead of 0.7-1.0 s, where llama.cpp's CLI (which keeps Q8_0 as stored there) takes
+1.5-2.4 s: kept as the default for the decode (BENCHMARKS.md, session 18).
 """
 
 from __future__ import annotations

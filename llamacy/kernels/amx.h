@@ -55,18 +55,7 @@ typedef struct {
     float dmin[16];
 } lc_kamxrec;
 
-/* The activation blocks, as blocks.pxd declares them (matmul512_amx.pxi checks the sizes agree). */
-typedef struct {
-    float d;
-    float s;
-    int8_t qs[32];
-} lc_q8a;
-
-typedef struct {
-    float d;
-    int8_t qs[256];
-    int16_t bsums[16];
-} lc_q8k;
+#include "qblocks.h" /* the activation blocks: lc_q8a, lc_q8k */
 
 #define LC_ARCH_REQ_XCOMP_PERM 0x1023
 #define LC_XFEATURE_XTILEDATA 18

@@ -77,10 +77,6 @@ cdef extern from "scratch.h" nogil:
 # Prompts' products over two 8-row tiles at once, in 512-bit vectors (x16.h): the legacy types' load-time
 # tiles (x8rec, x8rec_min, x8rec_q8) and the K-quants' prefill records (klanerec).
 cdef extern from "x16.h" nogil:
-    ctypedef struct lc_x16_q8a:
-        pass
-    ctypedef struct lc_x16_q8k:
-        pass
     ctypedef struct lc_x16_krec:
         pass
     void lc_x16_q4_0(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
@@ -183,8 +179,6 @@ ctypedef fused laneblock:
     block_q5_1
     block_q8_0
 
-
-assert sizeof(lc_x16_q8a) == sizeof(block_q8a) and sizeof(lc_x16_q8k) == sizeof(block_q8k)
 
 include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"

@@ -24,12 +24,8 @@
 #include <stddef.h>
 #include <string.h>
 
-/* The activation block, as blocks.pxd's block_q8a (matmul512.pyx checks the size). */
-typedef struct {
-    float d;
-    float s;
-    int8_t qs[32];
-} lc_x16_q8a;
+#include "qblocks.h"
+
 
 /* Q4_0, Q4_1 and Q8_0 load-time tiles (x8rec, x8rec_min, x8rec_q8: fp16 scales, Q4 nibbles packed), and the
  * legacy types' per-product records (matmul512_lanes.pxi's lanerec: 8 groups of unsigned quants, fp32
@@ -61,7 +57,7 @@ static inline __m512 lc_x16_halfs(const uint8_t *a, const uint8_t *b) {
  * A (ra) and B (rb), rsz bytes a record; out[t * ldo + r] for r < 16. */
 static inline __attribute__((always_inline)) void
 lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, const ptrdiff_t rsz,
-            const lc_x16_q8a *y, const int32_t *sums, const ptrdiff_t nb, float *out, const ptrdiff_t ldo) {
+            const lc_q8a *y, const int32_t *sums, const ptrdiff_t nb, float *out, const ptrdiff_t ldo) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int lane = kind == LC_X16_LANE || kind == LC_X16_LANE_MIN;
     const int with_min = kind == LC_X16_Q4_1 || kind == LC_X16_LANE_MIN;
@@ -94,7 +90,7 @@ lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, c
                 mw = lc_x16_halfs(a + 16, c + 16);
         }
         for (int t = 0; t < T; t++) {
-            const lc_x16_q8a *yb = y + t * nb + b;
+            const lc_q8a *yb = y + t * nb + b;
             __m512i lo = _mm512_set1_epi32(with_min ? 0 : sums[t * nb + b]);
             __m512i hi = _mm512_setzero_si512();
             for (int g = 0; g < 4; g++) {
@@ -122,7 +118,7 @@ lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, c
 #define LC_X16_TOKENS(NAME, KIND, TMAX)                                                                    \
     static void NAME(const void *ra, const void *rb, ptrdiff_t rsz, const void *X, const int32_t *sums,     \
                      ptrdiff_t t0, ptrdiff_t t1, ptrdiff_t nb, float *Y, ptrdiff_t ldy) {                  \
-        const lc_x16_q8a *x = (const lc_x16_q8a *)X;                                                       \
+        const lc_q8a *x = (const lc_q8a *)X;                                                       \
         const uint8_t *a = (const uint8_t *)ra, *b = (const uint8_t *)rb;                                  \
         for (ptrdiff_t t = t0; t < t1; t += TMAX) {                                                        \
             switch (t1 - t < TMAX ? t1 - t : TMAX) {                                                       \
@@ -156,12 +152,6 @@ typedef struct {
     float dmin[8];
 } lc_x16_krec;
 
-/* The activation super-block, as blocks.pxd's block_q8k (checked there too). */
-typedef struct {
-    float d;
-    int8_t qs[256];
-    int16_t bsums[16];
-} lc_x16_q8k;
 
 enum { LC_X16_K4 = 0, LC_X16_K6 = 1 };
 
@@ -173,7 +163,7 @@ static inline __m512i lc_x16_pair32(const void *a, const void *b) {
 /* klanes_tile's steps for two tiles: T tokens (1..LC_X16_TK) from y (nb super-blocks apart; pairs: Q4_K's
  * ktoken_pairs, unused for Q6_K, which takes the token's bsums) against records ra, rb; out[t * ldo + r]. */
 static inline __attribute__((always_inline)) void
-lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_krec *rb, const lc_x16_q8k *y,
+lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_krec *rb, const lc_q8k *y,
              const int32_t *pairs, const ptrdiff_t nb, float *out, const ptrdiff_t ldo) {
     const int npr = kind == LC_X16_K6 ? 8 : 4;
     const __m512i zero = _mm512_setzero_si512();
@@ -219,7 +209,7 @@ lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_kr
         for (int g = 0; g < npr; g++)
             pr[g] = lc_x16_pair32(ka->pr[g], kb->pr[g]);
         for (int t = 0; t < T; t++) {
-            const lc_x16_q8k *yb = y + t * nb + b;
+            const lc_q8k *yb = y + t * nb + b;
             int32_t pp[8];
             if (kind == LC_X16_K6)
                 memcpy(pp, yb->bsums, sizeof(pp));
@@ -250,7 +240,7 @@ lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_kr
 #define LC_KX16_TOKENS(NAME, KIND)                                                                         \
     static void NAME(const void *ra, const void *rb, const void *X, const int32_t *pairs, ptrdiff_t t0,     \
                      ptrdiff_t t1, ptrdiff_t nb, float *Y, ptrdiff_t ldy) {                                \
-        const lc_x16_q8k *x = (const lc_x16_q8k *)X;                                                       \
+        const lc_q8k *x = (const lc_q8k *)X;                                                       \
         const lc_x16_krec *a = (const lc_x16_krec *)ra, *b = (const lc_x16_krec *)rb;                      \
         for (ptrdiff_t t = t0; t < t1; t += LC_X16_TK) {                                                   \
             switch (t1 - t < LC_X16_TK ? t1 - t : LC_X16_TK) {                                             \

@@ -380,11 +380,11 @@ cdef inline void lanes_tokens(const laneblock* W, const lanerec* rec, const bloc
         lanes_tile(W, <const tok1*>NULL, rec, X + t * nb, sums + t * nb, nb, Y + t * ldy + r0, ldy, nvalid)
 
 
-# Row tiles rec and rec + nb (16 rows, output rows from Y) against tokens [t0, t1), in 512-bit vectors
-# (x16.h): lanes_tile's steps, so its bits.
 assert sizeof(lanerec) == 320  # x16.h reads d at byte 256, m at 288
 
 
+# Row tiles rec and rec + nb (16 rows, output rows from Y) against tokens [t0, t1), in 512-bit vectors
+# (x16.h): lanes_tile's steps, so its bits.
 cdef inline void lanes_pair(const laneblock* tag, const lanerec* rec, const block_q8a* X, const int32_t* sums,
                             Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy) noexcept nogil:
     if laneblock is block_q4_1 or laneblock is block_q5_1:

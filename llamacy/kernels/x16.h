@@ -26,7 +26,6 @@
 
 #include "qblocks.h"
 
-
 /* Q4_0, Q4_1 and Q8_0 load-time tiles (x8rec, x8rec_min, x8rec_q8: fp16 scales, Q4 nibbles packed), and the
  * legacy types' per-product records (matmul512_lanes.pxi's lanerec: 8 groups of unsigned quants, fp32
  * scales and mins; LANE without a min chain, LANE_MIN with one). */
@@ -43,7 +42,7 @@ static inline uint32_t lc_x16_u32(const int8_t *p) {
 }
 
 /* The two tiles' 8-row halves of a 256-bit field, side by side. */
-static inline __m512i lc_x16_pair(const uint8_t *a, const uint8_t *b) {
+static inline __m512i lc_x16_pair(const void *a, const void *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
@@ -53,7 +52,7 @@ static inline __m512 lc_x16_halfs(const uint8_t *a, const uint8_t *b) {
         _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)), _mm_loadu_si128((const __m128i *)b), 1));
 }
 
-/* T tokens (1..4) from y (nb blocks apart; sums: their seeds, unused for Q4_1) against the records of tiles
+/* T tokens (1..LC_X16_MAXT) from y (nb blocks apart; sums: their seeds, unused for Q4_1) against the records of tiles
  * A (ra) and B (rb), rsz bytes a record; out[t * ldo + r] for r < 16. */
 static inline __attribute__((always_inline)) void
 lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, const ptrdiff_t rsz,
@@ -110,37 +109,37 @@ lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, c
     }
 }
 
-#define LC_X16_CASE(KIND, N)                                                                               \
-    case N:                                                                                                \
-        lc_x16_tile(KIND, N, a, b, rsz, x + t * nb, sums ? sums + t * nb : sums, nb, Y + t * ldy, ldy);    \
+#define LC_X16_CASE(KIND, N)                                                                                   \
+    case N:                                                                                                    \
+        lc_x16_tile(KIND, N, a, b, rsz, x + t * nb, sums ? sums + t * nb : sums, nb, Y + t * ldy, ldy);        \
         break;
 
-#define LC_X16_TOKENS(NAME, KIND, TMAX)                                                                    \
-    static void NAME(const void *ra, const void *rb, ptrdiff_t rsz, const void *X, const int32_t *sums,     \
-                     ptrdiff_t t0, ptrdiff_t t1, ptrdiff_t nb, float *Y, ptrdiff_t ldy) {                  \
-        const lc_q8a *x = (const lc_q8a *)X;                                                       \
-        const uint8_t *a = (const uint8_t *)ra, *b = (const uint8_t *)rb;                                  \
-        for (ptrdiff_t t = t0; t < t1; t += TMAX) {                                                        \
-            switch (t1 - t < TMAX ? t1 - t : TMAX) {                                                       \
-                LC_X16_CASE(KIND, 1)                                                                       \
-                LC_X16_CASE(KIND, 2)                                                                       \
-                LC_X16_CASE(KIND, 3)                                                                       \
-                LC_X16_CASE(KIND, 4)                                                                       \
-                LC_X16_CASE(KIND, 5)                                                                       \
-                LC_X16_CASE(KIND, 6)                                                                       \
-                LC_X16_CASE(KIND, 7)                                                                       \
-                LC_X16_CASE(KIND, 8)                                                                       \
-            }                                                                                              \
-        }                                                                                                  \
+#define LC_X16_TOKENS(NAME, KIND)                                                                              \
+    static void NAME(const void *ra, const void *rb, ptrdiff_t rsz, const void *X, const int32_t *sums,        \
+                     ptrdiff_t t0, ptrdiff_t t1, ptrdiff_t nb, float *Y, ptrdiff_t ldy) {                      \
+        const lc_q8a *x = (const lc_q8a *)X;                                                                   \
+        const uint8_t *a = (const uint8_t *)ra, *b = (const uint8_t *)rb;                                      \
+        for (ptrdiff_t t = t0; t < t1; t += LC_X16_MAXT) {                                                     \
+            switch (t1 - t < LC_X16_MAXT ? t1 - t : LC_X16_MAXT) {                                             \
+                LC_X16_CASE(KIND, 1)                                                                           \
+                LC_X16_CASE(KIND, 2)                                                                           \
+                LC_X16_CASE(KIND, 3)                                                                           \
+                LC_X16_CASE(KIND, 4)                                                                           \
+                LC_X16_CASE(KIND, 5)                                                                           \
+                LC_X16_CASE(KIND, 6)                                                                           \
+                LC_X16_CASE(KIND, 7)                                                                           \
+                LC_X16_CASE(KIND, 8)                                                                           \
+            }                                                                                                  \
+        }                                                                                                      \
     }
 
 /* Tokens [t0, t1) of X against the tile pair, rows of the output from Y (Y + t * ldy + r, r < 16): the
  * caller passes Y at the pair's first row. sums: the tokens' seeds from token 0 (NULL for Q4_1). */
-LC_X16_TOKENS(lc_x16_q4_0, LC_X16_Q4_0, LC_X16_MAXT)
-LC_X16_TOKENS(lc_x16_q4_1, LC_X16_Q4_1, LC_X16_MAXT)
-LC_X16_TOKENS(lc_x16_q8_0, LC_X16_Q8_0, LC_X16_MAXT)
-LC_X16_TOKENS(lc_x16_lane, LC_X16_LANE, LC_X16_MAXT)
-LC_X16_TOKENS(lc_x16_lane_min, LC_X16_LANE_MIN, LC_X16_MAXT)
+LC_X16_TOKENS(lc_x16_q4_0, LC_X16_Q4_0)
+LC_X16_TOKENS(lc_x16_q4_1, LC_X16_Q4_1)
+LC_X16_TOKENS(lc_x16_q8_0, LC_X16_Q8_0)
+LC_X16_TOKENS(lc_x16_lane, LC_X16_LANE)
+LC_X16_TOKENS(lc_x16_lane_min, LC_X16_LANE_MIN)
 
 /* ---- K-quants: matmul512_klanes.pxi's klanerec (Q4_K, Q5_K, Q6_K; Q4_K's load-time tiles expand into it) */
 
@@ -152,13 +151,7 @@ typedef struct {
     float dmin[8];
 } lc_x16_krec;
 
-
 enum { LC_X16_K4 = 0, LC_X16_K6 = 1 };
-
-
-static inline __m512i lc_x16_pair32(const void *a, const void *b) {
-    return lc_x16_pair((const uint8_t *)a, (const uint8_t *)b);
-}
 
 /* klanes_tile's steps for two tiles: T tokens (1..LC_X16_TK) from y (nb super-blocks apart; pairs: Q4_K's
  * ktoken_pairs, unused for Q6_K, which takes the token's bsums) against records ra, rb; out[t * ldo + r]. */
@@ -179,13 +172,13 @@ lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_kr
             ia[t] = zero;
         for (int p = 0; p < 8; p++) {
             for (int g = 0; g < 8; g++)
-                wq[g] = lc_x16_pair32(ka->u[8 * p + g], kb->u[8 * p + g]);
+                wq[g] = lc_x16_pair(ka->u[8 * p + g], kb->u[8 * p + g]);
             __m512i s0, s1 = zero;
             if (kind == LC_X16_K6) {
-                s0 = lc_x16_pair32(ka->sc[2 * p], kb->sc[2 * p]);
-                s1 = lc_x16_pair32(ka->sc[2 * p + 1], kb->sc[2 * p + 1]);
+                s0 = lc_x16_pair(ka->sc[2 * p], kb->sc[2 * p]);
+                s1 = lc_x16_pair(ka->sc[2 * p + 1], kb->sc[2 * p + 1]);
             } else {
-                s0 = lc_x16_pair32(ka->sc[p], kb->sc[p]);
+                s0 = lc_x16_pair(ka->sc[p], kb->sc[p]);
             }
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = (y + t * nb + b)->qs + 32 * p;
@@ -202,12 +195,12 @@ lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_kr
                     ia[t] = _mm512_add_epi32(ia[t], _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), s0));
             }
         }
-        dw = _mm512_castsi512_ps(lc_x16_pair32(ka->d, kb->d));
+        dw = _mm512_castsi512_ps(lc_x16_pair(ka->d, kb->d));
         if (kind == LC_X16_K4)
-            dm = _mm512_castsi512_ps(lc_x16_pair32(ka->dmin, kb->dmin));
+            dm = _mm512_castsi512_ps(lc_x16_pair(ka->dmin, kb->dmin));
         __m512i pr[8];
         for (int g = 0; g < npr; g++)
-            pr[g] = lc_x16_pair32(ka->pr[g], kb->pr[g]);
+            pr[g] = lc_x16_pair(ka->pr[g], kb->pr[g]);
         for (int t = 0; t < T; t++) {
             const lc_q8k *yb = y + t * nb + b;
             int32_t pp[8];
@@ -232,26 +225,26 @@ lc_kx16_tile(const int kind, const int T, const lc_x16_krec *ra, const lc_x16_kr
         _mm512_storeu_ps(out + t * ldo, kind == LC_X16_K4 ? _mm512_sub_ps(fa[t], fm[t]) : fa[t]);
 }
 
-#define LC_KX16_CASE(KIND, N)                                                                              \
-    case N:                                                                                                \
-        lc_kx16_tile(KIND, N, a, b, x + t * nb, pairs ? pairs + 4 * t * nb : pairs, nb, Y + t * ldy, ldy); \
+#define LC_KX16_CASE(KIND, N)                                                                                  \
+    case N:                                                                                                    \
+        lc_kx16_tile(KIND, N, a, b, x + t * nb, pairs ? pairs + 4 * t * nb : pairs, nb, Y + t * ldy, ldy);     \
         break;
 
-#define LC_KX16_TOKENS(NAME, KIND)                                                                         \
-    static void NAME(const void *ra, const void *rb, const void *X, const int32_t *pairs, ptrdiff_t t0,     \
-                     ptrdiff_t t1, ptrdiff_t nb, float *Y, ptrdiff_t ldy) {                                \
-        const lc_q8k *x = (const lc_q8k *)X;                                                       \
-        const lc_x16_krec *a = (const lc_x16_krec *)ra, *b = (const lc_x16_krec *)rb;                      \
-        for (ptrdiff_t t = t0; t < t1; t += LC_X16_TK) {                                                   \
-            switch (t1 - t < LC_X16_TK ? t1 - t : LC_X16_TK) {                                             \
-                LC_KX16_CASE(KIND, 1)                                                                      \
-                LC_KX16_CASE(KIND, 2)                                                                      \
-                LC_KX16_CASE(KIND, 3)                                                                      \
-                LC_KX16_CASE(KIND, 4)                                                                      \
-                LC_KX16_CASE(KIND, 5)                                                                      \
-                LC_KX16_CASE(KIND, 6)                                                                      \
-            }                                                                                              \
-        }                                                                                                  \
+#define LC_KX16_TOKENS(NAME, KIND)                                                                             \
+    static void NAME(const void *ra, const void *rb, const void *X, const int32_t *pairs, ptrdiff_t t0,        \
+                     ptrdiff_t t1, ptrdiff_t nb, float *Y, ptrdiff_t ldy) {                                    \
+        const lc_q8k *x = (const lc_q8k *)X;                                                                   \
+        const lc_x16_krec *a = (const lc_x16_krec *)ra, *b = (const lc_x16_krec *)rb;                          \
+        for (ptrdiff_t t = t0; t < t1; t += LC_X16_TK) {                                                       \
+            switch (t1 - t < LC_X16_TK ? t1 - t : LC_X16_TK) {                                                 \
+                LC_KX16_CASE(KIND, 1)                                                                          \
+                LC_KX16_CASE(KIND, 2)                                                                          \
+                LC_KX16_CASE(KIND, 3)                                                                          \
+                LC_KX16_CASE(KIND, 4)                                                                          \
+                LC_KX16_CASE(KIND, 5)                                                                          \
+                LC_KX16_CASE(KIND, 6)                                                                          \
+            }                                                                                                  \
+        }                                                                                                      \
     }
 
 /* Tokens [t0, t1) of X against the klanerec records of two tiles (16 rows; Y at the pair's first row).

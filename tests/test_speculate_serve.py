@@ -358,7 +358,8 @@ def _draft_metrics(url: str) -> tuple[int, int]:
 def test_serve_command_with_a_truncated_draft_under_concurrent_load(tmp_path):
     """benchmarks/make_draft.py cuts a model to its first blocks (a draft of its vocabulary); `llamacy serve
     --draft-model` with it answers six concurrent streaming greedy requests that end one by one exactly as
-    the same requests without drafting, and /metrics counts the drafts, some of them accepted."""
+    the same requests without drafting, and /metrics counts the drafts, some of them accepted (alone: the
+    same counts every time)."""
     import os
     import signal
     import subprocess
@@ -403,9 +404,15 @@ def test_serve_command_with_a_truncated_draft_under_concurrent_load(tmp_path):
         plain = answers(False)
         assert _draft_metrics(url) == (0, 0)
         assert answers(True) == plain
-        drafted, accepted = _draft_metrics(url)
-        assert drafted > 0 and accepted > 0
-        assert _stream_completion(url, PROMPTS[0], 30, True) == plain[0]  # alone
+        # Under load, how many tokens are drafted (only while a sequence is alone) and which of them the
+        # target accepts depend on when the others end: only that the last one alone drafted is certain.
+        counts = [_draft_metrics(url)]
+        assert counts[0][0] > 0
+        for _ in range(2):  # alone, the same request drafts and accepts the same tokens every time
+            assert _stream_completion(url, PROMPTS[0], 30, True) == plain[0]
+            counts.append(_draft_metrics(url))
+        (d0, a0), (d1, a1), (d2, a2) = counts
+        assert d2 - d1 == d1 - d0 > 0 and a2 - a1 == a1 - a0 > 0, counts
     finally:
         proc.send_signal(signal.SIGINT)
         try:

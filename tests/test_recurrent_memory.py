@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from llamacy.model import memory_file
 from llamacy.model.config import ModelConfig
 from llamacy.model.memory import MAX_CHECKPOINTS, Memory, RollbackError
 from llamacy.model.memory_file import MemoryFileError, load_memory, save_memory
@@ -138,7 +139,7 @@ def test_window_and_recurrent_layers_both_bound_the_cut():
     assert mem.best_cut(0, 17) == 0
 
 
-def test_memory_file_keeps_the_state(tmp_path):
+def test_memory_file_keeps_the_state(tmp_path, monkeypatch):
     cfg = _cfg()
     mem = Memory(cfg, 64, snapshots=4)
     _eval(mem, 0, list(range(12)))
@@ -167,6 +168,14 @@ def test_memory_file_keeps_the_state(tmp_path):
     with pytest.raises(MemoryFileError, match="state does not match"):
         load_memory(path, small, 0, "id", "test")
     assert small.length(0) == 0
+    # A file from before the state's column-major order (no "order") would be misread: refused.
+    with monkeypatch.context() as m:
+        m.setattr(memory_file, "STATE_ORDER", None)
+        save_memory(path, mem, 0, "id", "test")
+    fresh = Memory(cfg, 64, snapshots=4)
+    with pytest.raises(MemoryFileError, match="another order; delete the file"):
+        load_memory(path, fresh, 0, "id", "test")
+    assert fresh.length(0) == 0
     mem.checkpoint(0)  # at 12; then 5 more tokens push it out of the snapshots' reach
     _eval(mem, 0, [1, 2, 3, 4, 5])
     save_memory(path, mem, 0, "id", "test")

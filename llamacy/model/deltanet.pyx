@@ -8,12 +8,13 @@ d_conv - 1 inputs) of the projected [q | k | v], SiLU; q and k L2-normed per key
 1e-6), as Hugging Face's l2norm), q scaled by 1/sqrt(dk); beta = sigmoid(b), g = softplus(a + dt_bias)·A
 per value head; then for each value head h (reading key head kh: DeltaJob.k_tiled says which):
     S ← S·exp(g);  d = beta·(v - S k);  S ← S + d kᵀ;  o = S q
-with S [dv, dk] (row i: value component i over the key components: llama.cpp's layout); then
+with S [dv, dk], stored column-major (kernels/scan.h: element (i, kk) at kk·dv + i, so that S k and S q are
+sums over kk in lanes of i, not a horizontal sum per i as llama.cpp's row-major S needs); then
 o ← rmsnorm(o)·ssm_norm·SiLU(z) per head, and ssm_out.
 
 The state of one sequence in a layer's memory (ModelConfig.layer_state_conv / layer_state_ssm):
     conv: (d_conv - 1) rows of `channels` floats, the convolution's last inputs, oldest first;
-    ssm:  n_v heads of [dv, dk] floats, S above.
+    ssm:  n_v heads of dk · dv floats, S above (column-major).
 Passes keep a micro-batch's tokens of one sequence in order while the team works in parallel: the
 convolution over all tokens in batch order (one block of channels per item), the per-token gates (one
 thread), then every head over all tokens (one head per item). Each pass copies its part of the state after
@@ -24,12 +25,17 @@ from libc.math cimport expf, sqrtf
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
 
-from llamacy.kernels.ops cimport dot_f32, mul_silu, silu_inplace, softplus
+from llamacy.kernels.ops cimport mul_silu, silu_inplace, softplus
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.model.layout cimport LayerT, StateRows, conv_step, live_state, snapshot_slot
 from llamacy.model.products cimport P_ATTN, P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
 
 import numpy as np
+
+
+cdef extern from "scan.h" nogil:
+    void lc_delta_step(float* S, Py_ssize_t dv, Py_ssize_t dk, const float* q, const float* k, const float* v,
+                       float decay, float beta, float* o)
 
 # Hugging Face's l2norm epsilon (added to the squared norm).
 cdef float L2_EPS = 1e-6
@@ -140,39 +146,22 @@ cdef void _heads_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept n
     cdef DeltaJob* j = <DeltaJob*> ctx
     cdef const StateRows* sr = j.sr
     cdef const LayerT* L = j.L
-    cdef Py_ssize_t h, t, i, kk, kh, C = j.channels, DK = j.dk, DV = j.dv, KD = j.n_k * j.dk
+    cdef Py_ssize_t h, t, i, kh, C = j.channels, DK = j.dk, DV = j.dv, KD = j.n_k * j.dk
     cdef Py_ssize_t conv = sr.conv, HS = j.dv * j.dk, r = j.n_v // j.n_k
     cdef float* S
-    cdef float* row
     cdef float* slot
     cdef float* o
-    cdef const float* q
-    cdef const float* k
-    cdef const float* v
     cdef const float* z
-    cdef float decay, beta, sk, d, acc, ss, inv
+    cdef float ss, inv
     for h in range(begin, end):
         kh = h % j.n_k if j.k_tiled else h // r
         for t in range(j.n):
             S = live_state(sr, t) + conv + h * HS
             if sr.pos[t] == 0:
                 memset(S, 0, HS * sizeof(float))
-            q = j.cv + t * C + kh * DK
-            k = j.cv + t * C + KD + kh * DK
-            v = j.cv + t * C + 2 * KD + h * DV
             o = j.y + t * j.n_v * DV + h * DV
-            decay = expf(j.g[t * j.n_v + h])
-            beta = j.beta[t * j.n_v + h]
-            for i in range(DV):
-                # Row i of S: decayed, corrected towards v along k, read along q. The decay is applied to
-                # the dot (S·decay)·k = decay·(S·k) and in the update's pass, so each pass is one
-                # vectorized sweep of the row (dot_f32's lanes, then a plain axpy the compiler vectorizes).
-                row = S + i * DK
-                sk = decay * dot_f32(row, k, DK)
-                d = beta * (v[i] - sk)
-                for kk in range(DK):
-                    row[kk] = row[kk] * decay + k[kk] * d
-                o[i] = dot_f32(row, q, DK)
+            lc_delta_step(S, DV, DK, j.cv + t * C + kh * DK, j.cv + t * C + KD + kh * DK,
+                          j.cv + t * C + 2 * KD + h * DV, expf(j.g[t * j.n_v + h]), j.beta[t * j.n_v + h], o)
             # The gated norm: rmsnorm(o) · ssm_norm · SiLU(z).
             z = j.z + t * j.n_v * DV + h * DV
             ss = 0.0

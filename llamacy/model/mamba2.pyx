@@ -13,8 +13,9 @@
 
 A sequence's state (memory.py: one float32 row per sequence; layout.pxd's StateRows) is its convolution's
 last d_conv - 1 inputs, oldest first, each a row of the conv channels ((d_conv - 1) · channels values), then
-the scan's state, head-major: S[h][i][k] at (h · head_dim + i) · d_state + k (n_head · head_dim · d_state
-values; llama.cpp's [d_state, head_dim, n_head] order).
+the scan's state, head-major and within a head column-major for the output (kernels/scan.h): S[h][i][k]
+at (h · d_state + k) · head_dim + i (n_head · head_dim · d_state values; llama.cpp keeps each channel's
+d_state values together instead).
 
 Prompts use the same per-token recurrence as decoding (no chunked scan): a token's result does not depend
 on how its sequence was cut into micro-batches, batched with others or split over threads. The convolution
@@ -27,12 +28,17 @@ from libc.math cimport expf
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy, memset
 
-from llamacy.kernels.ops cimport dot_f32, mul_silu, rmsnorm, silu_inplace, softplus
+from llamacy.kernels.ops cimport mul_silu, rmsnorm, silu_inplace, softplus
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.model.layout cimport HParams, LayerT, StateRows, conv_step, live_state, snapshot_slot
 from llamacy.model.products cimport P_ELEM, P_MM_O, P_MM_QKV, Products, lap, product
 
 import numpy as np
+
+
+cdef extern from "scan.h" nogil:
+    void lc_mamba2_step(float* S, Py_ssize_t hd, Py_ssize_t ds, const float* x, const float* B, const float* C,
+                        float dt, float dA, float D, float* y)
 
 
 # Channels per job item of the convolution: each item runs its channels over every token in batch order.
@@ -81,15 +87,11 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     cdef const StateRows* sr = J.sr
     cdef Py_ssize_t DI = hp.ssm_d_inner, NG = hp.ssm_n_group, DS = hp.ssm_d_state, NH = hp.ssm_dt_rank
     cdef Py_ssize_t HD = DI // NH, C = DI + 2 * NG * DS, P = 2 * DI + 2 * NG * DS + NH
-    cdef Py_ssize_t h, t, i, k, g
-    cdef float dt, dA, xdt
+    cdef Py_ssize_t h, t, g
+    cdef float dt
     cdef float* S
-    cdef float* Si
     cdef float* slot
-    cdef const float* x
-    cdef const float* B
-    cdef const float* Cm
-    cdef float* y
+    cdef const float* xbc
     for h in range(begin, end):
         g = h // (NH // NG)
         for t in range(J.n):
@@ -98,18 +100,9 @@ cdef void _scan_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
             if sr.pos[t] == 0:
                 memset(S, 0, HD * DS * sizeof(float))
             dt = softplus(J.zxbcdt[t * P + 2 * DI + 2 * NG * DS + h] + L.ssm_dt[h])
-            dA = expf(dt * L.ssm_a[h])
-            x = J.xbc + t * C + h * HD
-            B = J.xbc + t * C + DI + g * DS
-            Cm = J.xbc + t * C + DI + NG * DS + g * DS
-            y = J.y + t * DI + h * HD
-            for i in range(HD):
-                # The update (vectorized), then its dot with C (ops' vectorized dot): one pass each.
-                xdt = x[i] * dt
-                Si = S + i * DS
-                for k in range(DS):
-                    Si[k] = Si[k] * dA + B[k] * xdt
-                y[i] = dot_f32(Si, Cm, DS) + x[i] * L.ssm_d[h]
+            xbc = J.xbc + t * C
+            lc_mamba2_step(S, HD, DS, xbc + h * HD, xbc + DI + g * DS, xbc + DI + NG * DS + g * DS, dt,
+                           expf(dt * L.ssm_a[h]), L.ssm_d[h], J.y + t * DI + h * HD)
             slot = snapshot_slot(sr, t)
             if slot != NULL:
                 memcpy(slot + sr.conv + h * HD * DS, S, HD * DS * sizeof(float))

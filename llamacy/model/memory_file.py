@@ -14,7 +14,8 @@ Layout (all integers little-endian):
 table: names, types, shapes and offsets, never the weights; of a split model, every part's header). Each layer's
 entry is {"kind", "first", "count", "n_head_kv", "row_bytes"}: it holds positions first .. first + count - 1 (a
 full layer 0 .. n_tokens - 1; a sliding-window ring the positions still in its ring, each row once; a shared or
-attention-free layer none). A recurrent layer's entry adds "floats": its payload is its state after the
+attention-free layer none). A recurrent layer's entry adds "floats" and "order" (STATE_ORDER: how the mixer lays
+out its state; files from before it took this order have none and are refused): its payload is its state after the
 n_tokens, then its state after each length in the header's "copies" (float32 × floats each): the snapshots
 and checkpoints the memory kept, so that a prompt parting from the saved one near its end can go back.
 
@@ -48,6 +49,9 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sII")
 _SUM = 32
 MAX_HEADER = 16 << 20
+# The recurrent mixers' state order (kernels/scan.h): each head's state column-major for its outputs. Files
+# written before it (2026-12-06) held the rows along the key dimension, which this llamacy would misread.
+STATE_ORDER = "columns"
 
 
 class MemoryFileError(LlamacyError):
@@ -125,7 +129,7 @@ def save_memory(
     for lm in memory.layers:
         if lm.state is not None:
             layers.append({"kind": lm.kind, "first": 0, "count": 0, "n_head_kv": 0, "row_bytes": 0,
-                           "floats": lm.state.shape[2]})  # fmt: skip
+                           "floats": lm.state.shape[2], "order": STATE_ORDER})  # fmt: skip
             blocks.extend(np.asarray(st, dtype="<f4") for st in next(states))
             continue
         if lm.k is None or lm.shared_from >= 0:
@@ -251,6 +255,11 @@ def _apply(
         if (e["kind"] == "recurrent") != (lm.state is not None):
             raise MemoryFileError(f"{name}: layer {il} does not match this model's memory")
         if lm.state is not None:
+            if e.get("order") != STATE_ORDER:
+                raise MemoryFileError(
+                    f"{name}: layer {il}'s recurrent state was saved by an earlier llamacy in another order; "
+                    "delete the file to have it rebuilt"
+                )
             floats = int(e["floats"])
             if floats != lm.state.shape[2]:
                 raise MemoryFileError(f"{name}: layer {il}'s state does not match this model's")

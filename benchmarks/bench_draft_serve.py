@@ -171,7 +171,7 @@ def bench_run(args: argparse.Namespace) -> dict:
     from llamacy import Llama
     from llamacy.chat_template import ChatTemplate
 
-    llm = Llama(args.model, n_ctx=args.ctx, n_threads=args.threads)
+    llm = Llama(args.model, repack="load", n_ctx=args.ctx, n_threads=args.threads)
     tpl = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
     ids = tpl.encode(tpl.render([{"role": "user", "content": PROMPTS[0]}]))
     modes = {"plain": {}, "draft": {"speculate": "draft", "draft_model": args.draft}}

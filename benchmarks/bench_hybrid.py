@@ -56,7 +56,7 @@ def main() -> None:
         if not path.is_file():
             raise SystemExit(f"{path} is missing: benchmarks/make_models.py --models {name} --types {qtype}")
         # The prompt test runs on an empty memory, the depth tests decode after their depth.
-        llm = Llama(path, n_ctx=max(max([*depths, 0]) + args.n, args.p) + 8, n_threads=args.threads,
+        llm = Llama(path, repack="load", n_ctx=max(max([*depths, 0]) + args.n, args.p) + 8, n_threads=args.threads,
                     n_batch=args.p)  # fmt: skip
         ours: dict[str, list[float]] = {}
         theirs: dict[str, list[float]] = {}

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from llamacy.engine import Llama
 
     buf = np.ones(512 * 2**20 // 8, dtype=np.uint64)
-    llms = {t: Llama(args.model, n_ctx=max(256, args.tokens), n_threads=t) for t in (1, 2)}
+    llms = {t: Llama(args.model, repack="load", n_ctx=max(256, args.tokens), n_threads=t) for t in (1, 2)}
     weight_bytes = bytes_per_token(llms[1].gguf.tensors)
     rng = np.random.default_rng(0)
     for llm in llms.values():

@@ -40,7 +40,9 @@ def main() -> None:
     ap.add_argument("--kv-type", default="f16")
     a = ap.parse_args()
 
-    llm = Llama(a.model, n_threads=a.threads, kv_type=a.kv_type, n_ctx=max(4096, a.preamble + 256))
+    llm = Llama(
+        a.model, repack="load", n_threads=a.threads, kv_type=a.kv_type, n_ctx=max(4096, a.preamble + 256)
+    )
     ids: list[int] = llm.tokenize(TEXT * 2)
     while len(ids) < a.preamble:
         ids += llm.tokenize(TEXT, add_bos=False)

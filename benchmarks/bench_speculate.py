@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--ngram", type=int, default=None)
     args = ap.parse_args()
 
-    llm = Llama(args.model, n_ctx=2048, n_threads=args.threads)
+    llm = Llama(args.model, repack="load", n_ctx=2048, n_threads=args.threads)
     template = ChatTemplate.from_model(llm.metadata, llm.tokenizer)
     prompts = {
         name: template.encode(template.render([{"role": "user", "content": text}]))

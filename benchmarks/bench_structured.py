@@ -111,7 +111,7 @@ def main() -> None:
     from llamacy.structured import json_schema_grammar
     from llamacy.structured.vocab import ll_tokenizer
 
-    llm = Llama(args.model, n_ctx=1024, n_threads=args.threads)
+    llm = Llama(args.model, repack="load", n_ctx=1024, n_threads=args.threads)
     grammar = json_schema_grammar(PEOPLE)
     ll_tokenizer(llm.tokenizer)  # built once per vocabulary: not part of any round
     print(

@@ -156,6 +156,7 @@ def main() -> None:
             n_ctx=max(prompts + gens) + max([0, *depths]) + 8,
             n_threads=max(threads),
             n_batch=max(prompts or [512]),
+            repack="load",
         )
         ours, native_rows, binding_rows = [], [], []
         model = llm.model  # built for max(threads) before the count drops (see llamacy/cli/bench.py)

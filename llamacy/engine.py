@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -61,7 +62,13 @@ class Llama:
         n_batch: int = 256,
         profile: bool = False,
         kv_type: str = DEFAULT_KV_TYPE,
+        repack: str | None = None,
     ) -> None:
+        """repack: where this CPU reads some matrices faster in another layout (model/repack.py),
+        "deferred" binds them as stored and repacks them between the evaluations after the first (the first
+        token comes sooner; the decode reaches its speed a few tokens later), "load" repacks them before
+        returning (steady speed from the start: benchmarks, servers). None: "load" if LLAMACY_REPACK=load,
+        else "deferred". Profiling repacks at load."""
         t0 = time.perf_counter()
         from llamacy.catalog import resolve_model
         from llamacy.gguf import GGUFFile
@@ -80,6 +87,10 @@ class Llama:
         if n_ctx is not None:
             require_range("--ctx-size", n_ctx, 1)
         require_range("batch size", n_batch, 1)
+        if repack is None:
+            repack = "load" if os.environ.get("LLAMACY_REPACK") == "load" else "deferred"
+        if repack not in ("deferred", "load"):
+            raise UsageError(f"repack must be 'deferred' or 'load', not {repack!r}")
         self.kv_type = kv_type
         self.n_batch = n_batch
         self.profiling = profile
@@ -105,11 +116,14 @@ class Llama:
             f"{self.model_path.name} at --ctx-size {self.n_ctx}",
         )
         # Bound now, so that a missing or misshapen tensor fails the load; every Model shares the binding.
-        # Where binding repacks (repack.py: every matrix read once, without the GIL), it runs while the
-        # tokenizer is built, on the cores that leave one to that: on SmolLM2 each takes about a fifth of
-        # the time to the first token.
+        # Where binding repacks at load (repack.py: every matrix read once, without the GIL), it runs while
+        # the tokenizer is built, on the cores that leave one to that: on SmolLM2 each takes about a fifth
+        # of the time to the first token. Deferred, the Models' evaluations repack on their own threads.
         background = None
-        if repack_enabled():
+        deferred = repack == "deferred" and not profile
+        if repack_enabled() and deferred:
+            binder = WeightBinder(self.gguf, self.config, repack=True, threads=self.n_threads)
+        elif repack_enabled():
             binder = WeightBinder(self.gguf, self.config, repack=True, threads=max(1, default_threads() - 1))
             background = _in_background(binder.bind)
         else:
@@ -128,7 +142,7 @@ class Llama:
                 with contextlib.suppress(BaseException):  # its own error matters less than this one
                     background()
             raise
-        self.weights = background() if background is not None else binder.bind()
+        self.weights = background() if background is not None else binder.bind(defer=deferred)
         self._session: Session | None = None
         self.load_s = time.perf_counter() - t0
 

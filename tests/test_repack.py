@@ -20,6 +20,7 @@ from llamacy.engine import Llama
 from llamacy.kernels import matmul as mm
 from llamacy.kernels import quantize as qz
 from llamacy.kernels import repack as rp
+from llamacy.model import Model
 from llamacy.model.repack import (
     LAYOUT_Q4_0_X8,
     LAYOUT_Q4_1_X8,
@@ -212,7 +213,7 @@ def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied
     assert set(_layouts(stored).values()) == {LAYOUT_STORED}
     monkeypatch.delenv("LLAMACY_REPACK")
     for threads, n_batch in ((1, 512), (2, 512), (1, 7), (2, 1)):
-        llm = Llama(path, n_threads=threads, n_batch=n_batch, kv_type="f32")
+        llm = Llama(path, n_threads=threads, n_batch=n_batch, kv_type="f32", repack="load")
         np.testing.assert_array_equal(llm.logits(ids), want, err_msg=f"threads={threads} n_batch={n_batch}")
     layouts = _layouts(llm)
     assert layouts.pop("token_embd") == LAYOUT_STORED
@@ -221,11 +222,89 @@ def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied
     assert output.layout == (LAYOUT_STORED if tied else LAYOUT[wtype])
 
 
+def _greedy_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
+    out = [model.eval(prompt)]
+    for _ in range(steps):
+        out.append(model.eval([int(np.argmax(out[-1]))]))
+    return out
+
+
+@needs_tiles
+@pytest.mark.parametrize(("wtype", "share"), [(QT.Q4_0, 0.0), (QT.Q8_0, 0.0), (QT.Q4_K, 0.0), (QT.Q8_0, 1.0)])
+def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype, share):
+    """Repacked between evaluations (the default): the prompt runs on the stored rows with nothing packed,
+    later steps swap matrices in (share 0: one a step; 1: as long as the last step took), and every step's
+    logits are the bits of a model repacked at load; at the end every matrix is a tile, as at load."""
+    monkeypatch.setattr(Model, "REPACK_SHARE", share)
+    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype == QT.Q4_K else {}
+    path = tiny_model("llama", wtype, tie_embeddings=False, **wide)
+    prompt = np.random.default_rng(5).integers(0, 300, 24).tolist()
+    at_load = Llama(path, n_threads=2, kv_type="f32", repack="load")
+    want = _greedy_logits(at_load.new_model(64, 2), prompt, 40)
+    llm = Llama(path, n_threads=2, kv_type="f32")
+    deferred = llm.weights.deferred
+    assert deferred is not None and not deferred.done
+    model = llm.new_model(64, 2)
+    first = model.eval(prompt)
+    assert deferred.generation == 0  # the first token is not kept waiting
+    assert set(_layouts(llm).values()) == {LAYOUT_STORED}
+    np.testing.assert_array_equal(first, want[0])
+    seen = set()
+    for step in range(len(want) - 1):
+        got = model.eval([int(np.argmax(want[step]))])
+        np.testing.assert_array_equal(got, want[step + 1], err_msg=f"step {step}")
+        seen.add(deferred.generation)
+    assert deferred.done
+    if share == 0.0:  # one matrix a step: 7 in each of the layers, and the head
+        assert sorted(seen)[:3] == [1, 2, 3] and len(seen) == 7 * at_load.config.n_layer + 1
+    assert _layouts(llm) == _layouts(at_load)
+    assert set(_layouts(llm).values()) == {LAYOUT_STORED, LAYOUT[wtype]}
+
+
+@needs_tiles
+def test_deferred_repack_rebinds_every_model(tiny_model):
+    """Models over one deferred binding: one packs, another built before then picks the swapped matrices up
+    at its next evaluation and gives the same bits as the first."""
+    path = tiny_model("llama", QT.Q4_0)
+    prompt = list(range(3, 19))
+    llm = Llama(path, n_threads=1, kv_type="f32")
+    a, b = llm.new_model(64, 1), llm.new_model(64, 1)
+    a.eval(prompt)
+    llm.weights.deferred.finish()
+    assert llm.weights.deferred.done
+    want = a.eval([7])  # a rebinds: tiles from here
+    assert a._bound_generation == llm.weights.deferred.generation
+    assert b._bound_generation == 0
+    np.testing.assert_array_equal(b.eval([*prompt, 7]), want)
+    assert b._bound_generation == llm.weights.deferred.generation
+
+
+def test_repack_mode_is_checked(tiny_model):
+    from llamacy.errors import UsageError
+
+    with pytest.raises(UsageError, match="repack must be"):
+        Llama(tiny_model("llama", QT.Q4_0), n_threads=1, repack="later")
+
+
+@needs_tiles
+def test_repack_mode_follows_the_environment(tiny_model, monkeypatch):
+    """Deferred by default; LLAMACY_REPACK=load repacks at load, =0 never; profiling repacks at load."""
+    path = tiny_model("llama", QT.Q4_0)
+    assert Llama(path, n_threads=1).weights.deferred is not None
+    assert Llama(path, n_threads=1, profile=True).weights.deferred is None
+    monkeypatch.setenv("LLAMACY_REPACK", "load")
+    llm = Llama(path, n_threads=1)
+    assert llm.weights.deferred is None and llm.weights.layers[0]["wq"].layout == LAYOUT_Q4_0_X8
+    monkeypatch.setenv("LLAMACY_REPACK", "0")
+    llm = Llama(path, n_threads=1)
+    assert llm.weights.deferred is None and llm.weights.layers[0]["wq"].layout == LAYOUT_STORED
+
+
 @needs_tiles
 def test_models_over_one_file_share_the_tiles(tiny_model):
     """Two Llama objects over one file hold one copy of each repacked matrix, as they share page cache."""
     path = tiny_model("llama", QT.Q4_0)
-    a, b = Llama(path, n_threads=1), Llama(path, n_threads=1)
+    a, b = Llama(path, n_threads=1, repack="load"), Llama(path, n_threads=1, repack="load")
     wq_a, wq_b = a.weights.layers[0]["wq"], b.weights.layers[0]["wq"]
     assert wq_a.layout == wq_b.layout == LAYOUT_Q4_0_X8
     assert wq_a.data is wq_b.data
@@ -272,7 +351,7 @@ def test_load_leaves_no_thread_behind(tiny_model):
     model is returned."""
     import threading
 
-    Llama(tiny_model("llama", QT.Q4_1), n_threads=2)
+    Llama(tiny_model("llama", QT.Q4_1), n_threads=2, repack="load")
     assert not [t for t in threading.enumerate() if t.name == "llamacy-load"]
 
 

@@ -100,7 +100,7 @@ def test_serving_binds_the_weights_once_and_builds_one_model(llm, monkeypatch):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(forward, "Forward", CountingForward)
-    monkeypatch.setattr(weights.WeightBinder, "bind", lambda self: bound.append(1) or bind(self))
+    monkeypatch.setattr(weights.WeightBinder, "bind", lambda self, **kw: bound.append(1) or bind(self, **kw))
     served = Llama(llm.model_path, n_ctx=128, n_threads=1)
     with Scheduler(served, n_parallel=2, n_ctx=128) as sched:
         done = sched.submit(request(served, "Hello", 4, temperature=0)).result(30)

@@ -63,6 +63,7 @@ def bench(
             n_batch=max([*prompts, 512 if max(depths) else 1]),  # the depth fills in batches
             profile=profile,
             kv_type=kv_type,
+            repack="load",  # steady kernels from the first test, as llama-bench repacks at load
         )
         # Build the model before lowering the thread count: it sizes its scratch and the thread team for
         # the threads it is built with, and never uses more (`llm.n_threads = llm.model.n_threads = 1`

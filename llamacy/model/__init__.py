@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,10 @@ def default_threads() -> int:
 class Model:
     """Evaluates batches of (token, position, sequence) and keeps the K/V they produce."""
 
+    # A deferred repacking (repack.py's DeferredRepack) spends this share of the last evaluation's time
+    # before the next one, at least one matrix: the decode runs at no less than half its speed meanwhile.
+    REPACK_SHARE = 1.0
+
     def __init__(
         self,
         gguf: Any,
@@ -60,6 +65,10 @@ class Model:
         self.n_threads = n_threads
         if weights is None:
             weights = WeightBinder(gguf, self.cfg).bind()
+        # Where the binding left repacking for later (repack.py's DeferredRepack): the swaps this Model's
+        # C records hold, and how long its last evaluation took (the time the next may spend packing).
+        self._bound_generation = weights.deferred.generation if weights.deferred is not None else 0
+        self._last_eval_s = 0.0
         self.weights = (
             weights  # bound once: other Models over this file can share them (the server's Embedder)
         )
@@ -103,6 +112,10 @@ class Model:
         Returns logits [len(rows), n_vocab], or with hidden=True the final hidden states [len(rows), n_embd].
         """
         out = np.empty((len(rows), self.cfg.n_embd if hidden else self.cfg.n_vocab), dtype=np.float32)
+        deferred = self.weights.deferred
+        if deferred is not None:
+            self._advance_repack(deferred)
+        t0 = time.perf_counter()
         self.forward.eval(
             tokens.astype(np.int32, copy=False),
             pos.astype(np.int32, copy=False),
@@ -112,4 +125,15 @@ class Model:
             self.n_threads,
             hidden,
         )
+        self._last_eval_s = time.perf_counter() - t0
         return out
+
+    def _advance_repack(self, deferred: Any) -> None:
+        """Before an evaluation: pack for as long as the last one took (the first evaluation after the
+        load packs nothing: the first token comes first), then bind what was swapped in."""
+        if self._last_eval_s and not deferred.done:
+            deferred.advance(self.REPACK_SHARE * self._last_eval_s)
+        generation = deferred.generation
+        if generation != self._bound_generation:
+            self.forward.rebind(self.weights)
+            self._bound_generation = generation

@@ -95,6 +95,7 @@ cdef class Forward:
 
     cdef HParams hp
     cdef BoundWeights w
+    cdef bint v_norm   # for rebind
     cdef ScratchSpace scratch
     # The batch in flight: where its tokens meet a layer's memory, and the jobs that run on the thread team.
     cdef KVRows kv
@@ -139,7 +140,8 @@ cdef class Forward:
         if getattr(cfg, "norm", None) not in norms:
             raise ValueError(f"unknown norm {getattr(cfg, 'norm', None)!r}")
         self.hp = {**vars(cfg), "act": acts[cfg.activation], "norm": norms[cfg.norm]}  # by field name
-        self.w = BoundWeights(weights, getattr(cfg, "v_norm", False))
+        self.v_norm = getattr(cfg, "v_norm", False)
+        self.w = BoundWeights(weights, self.v_norm)
         # Sized for the widest layer. A mixture-of-experts model has no dense feed-forward: its activations
         # are MoeSpace's.
         wide = cfg.widest()
@@ -171,6 +173,12 @@ cdef class Forward:
             self.moe = MoeSpace(cfg, ubatch)
             self.mj = &self.moe.job
             self.mj.hp = &self.hp
+
+    def rebind(self, weights):
+        """The same model's weights bound again, after some of its matrices were swapped for ones in
+        another layout (repack.py's DeferredRepack) that give the same numbers. Only between evaluations,
+        from the thread that evaluates: eval reads self.w throughout."""
+        self.w = BoundWeights(weights, self.v_norm)
 
     def bind_memory(self, memory):
         """Read and write `memory` (a memory.Memory for this model) from now on."""

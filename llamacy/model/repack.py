@@ -1,10 +1,14 @@
-"""Weights rewritten once, at load, into the layout their kernels read fastest.
+"""Weights rewritten once into the layout their kernels read fastest.
 
 On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1 and Q4_K matrices go into 8-row tiles
 (kernels/repack.pyx; read by matmul512_x8.pxi), as llama.cpp's CPU "repack" buffers hold them. The
 row-lane kernels would otherwise transpose 8 rows' quants per block in every product of more than a few
 tokens (a server step of 8 sequences pays that on every matrix), and decode would unpack them row by row.
 The tiles give the same numbers as the stored rows, bit for bit.
+
+When: a Llama repacks between evaluations by default (DeferredRepack below: the first token does not
+wait for it), at load where asked (Llama(repack="load"), LLAMACY_REPACK=load: benchmarks, servers,
+profiling).
 
 The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's and
 Q4_1's tiles are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors
@@ -40,7 +44,7 @@ _TILES: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
 
 
 def repack_enabled() -> bool:
-    """Whether load-time repacking applies here: this CPU's VNNI kernels are on, LLAMACY_REPACK is not 0."""
+    """Whether repacking applies here: this CPU's VNNI kernels are on, LLAMACY_REPACK is not 0."""
     if os.environ.get("LLAMACY_REPACK", "") == "0":
         return False
     from llamacy.kernels.matmul import tiles_available
@@ -76,3 +80,57 @@ def repack_matrices(requests: list[tuple], n_threads: int) -> list[tuple[Any, in
             _TILES[key] = tiles
         results[i] = (tiles, layout)
     return results
+
+
+class DeferredRepack:
+    """The repacking a load left for later: the matrices still in the file's layout, packed a few at a
+    time between evaluations (Model.eval_batch calls `advance` before each one but the first).
+
+    Why later: on a VM the kernel zeroes, and the host backs, every fresh page the tiles take; on the Zen 4
+    of issue #29 that is most of a 1.8 GB Q8_0 model's 1.2-3 s repack, and it stood between the command
+    and its first token. The stored rows and the tiles give the same numbers bit for bit (tests/
+    test_repack.py), so a model may switch from one to the other between any two evaluations: the first
+    token comes as soon as the stored layout allows, and the decode reaches tile speed a few tokens later.
+
+    Each entry is (fields, field, request): the dict of a ModelWeights that holds the matrix, its key there,
+    and repack_matrices' request for it. `generation` counts the matrices swapped in; a Model rebinds its
+    C records when it sees a new one."""
+
+    def __init__(self, todo: list[tuple[dict, str, tuple]], threads: int) -> None:
+        import threading
+
+        self._todo = list(reversed(todo))  # popped from the end: the first layers first
+        self._threads = threads
+        self._lock = threading.Lock()
+        self.generation = 0
+
+    @property
+    def done(self) -> bool:
+        return not self._todo
+
+    def advance(self, budget_s: float, wait: bool = False) -> bool:
+        """Pack matrices until budget_s seconds are spent (at least one); False if nothing is left, or if
+        another thread is packing now and not wait (the caller goes on with what it has bound)."""
+        import time
+
+        if not self._todo or not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            t0 = time.perf_counter()
+            while self._todo:
+                fields, field, request = self._todo.pop()
+                got = repack_matrices([request], self._threads)[0]
+                if got is not None:
+                    m = fields[field]
+                    fields[field] = type(m)(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])
+                self.generation += 1
+                if time.perf_counter() - t0 >= budget_s:
+                    break
+            return True
+        finally:
+            self._lock.release()
+
+    def finish(self) -> None:
+        """Pack everything still pending now."""
+        while self._todo:
+            self.advance(float("inf"), wait=True)

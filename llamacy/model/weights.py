@@ -46,6 +46,8 @@ class ModelWeights:
     fields: dict[str, Matrix | Vector | None]
     layers: list[dict[str, Matrix | Vector | None]]
     specs: list[LayerSpec]
+    # The matrices bound as stored that are to be repacked between evaluations (bind(defer=True)).
+    deferred: Any = None
 
 
 class WeightBinder:
@@ -131,7 +133,9 @@ class WeightBinder:
             return dequantize(int(t.type), t.data, (n,), 1).reshape(n)
         raise UnsupportedModelError(f"{self.source}: vector {name} has unsupported type {type_name(t.type)}")
 
-    def bind(self) -> ModelWeights:
+    def bind(self, defer: bool = False) -> ModelWeights:
+        """defer: where matrices are to be repacked, bind them as stored and leave the repacking to
+        ModelWeights.deferred (repack.py's DeferredRepack), which evaluations advance."""
         from llamacy.model.archs import ARCHITECTURES
         from llamacy.model.repack import repack_enabled
 
@@ -146,7 +150,10 @@ class WeightBinder:
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
-        if self._to_repack:
+        deferred = None
+        if self._to_repack and defer:
+            deferred = self._deferred()
+        elif self._to_repack:
             self._repack_all()
         ignored = arch.ignored_prefixes(c)
         unread = sorted(n for n in set(self.tensors) - used if not (ignored and n.startswith(ignored)))
@@ -155,7 +162,7 @@ class WeightBinder:
                 f"{self.source}: tensor {unread[0]} is not part of a {c.arch} model as llamacy runs it"
                 + (f" (and {len(unread) - 1} more)" if len(unread) > 1 else "")
             )
-        return ModelWeights(fields, layers, c.layers)
+        return ModelWeights(fields, layers, c.layers, deferred)
 
     def _bind_all(self, specs: list[TensorSpec], used: set[str]) -> dict[str, Matrix | Vector | None]:
         out: dict[str, Matrix | Vector | None] = {}
@@ -169,18 +176,34 @@ class WeightBinder:
                 self._to_repack.append((out, spec.field, spec.name))
         return out
 
+    def _requests(self) -> list[tuple]:
+        """repack_matrices' request for each matrix to repack; the list of them is emptied."""
+        release = bool(getattr(self.gguf, "releasable", False))
+        requests = []
+        for out, field, name in self._to_repack:
+            m = out[field]
+            requests.append((m.type, m.rows, m.cols, m.data, self._source_key(self.tensors[name]), release))
+        return requests
+
+    def _deferred(self) -> Any:
+        from llamacy.model import default_threads
+        from llamacy.model.repack import DeferredRepack
+
+        todo = [
+            (out, field, request)
+            for (out, field, _), request in zip(self._to_repack, self._requests(), strict=True)
+        ]
+        self._to_repack = []
+        return DeferredRepack(todo, self.threads or default_threads())
+
     def _repack_all(self) -> None:
         """Every matrix a product reads into the layout its kernel reads fastest (repack.py), in one pass;
         the file pages each replaced are given back."""
         from llamacy.model import default_threads
         from llamacy.model.repack import repack_matrices
 
+        requests = self._requests()
         todo, self._to_repack = self._to_repack, []
-        release = bool(getattr(self.gguf, "releasable", False))
-        requests = []
-        for out, field, name in todo:
-            m = out[field]
-            requests.append((m.type, m.rows, m.cols, m.data, self._source_key(self.tensors[name]), release))
         made = repack_matrices(requests, self.threads or default_threads())
         for (out, field, _), got in zip(todo, made, strict=True):
             if got is not None:

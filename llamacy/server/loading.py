@@ -30,11 +30,19 @@ class ModelLoader:
         from llamacy.scheduler import Scheduler
 
         # The weights are bound once, by the Llama; the scheduler's batched Model is the only one built.
-        llm = Llama(spec.source, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
+        llm = Llama(
+            spec.source, n_ctx=self.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type, repack="load"
+        )
         template = ChatTemplate.from_model(llm.metadata, llm.tokenizer, override=self.chat_template)
         draft = None
         if self.draft_model is not None:
-            draft = Llama(self.draft_model, n_ctx=llm.n_ctx, n_threads=self.n_threads, kv_type=self.kv_type)
+            draft = Llama(
+                self.draft_model,
+                n_ctx=llm.n_ctx,
+                n_threads=self.n_threads,
+                kv_type=self.kv_type,
+                repack="load",
+            )
         scheduler = Scheduler(
             llm, n_parallel=self.n_parallel, n_ctx=llm.n_ctx, queue_size=self.queue_size, draft=draft
         )

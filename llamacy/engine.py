@@ -116,18 +116,26 @@ class Llama:
             f"{self.model_path.name} at --ctx-size {self.n_ctx}",
         )
         # Bound now, so that a missing or misshapen tensor fails the load; every Model shares the binding.
-        # Where binding repacks at load (repack.py: every matrix read once, without the GIL), it runs while
-        # the tokenizer is built, on the cores that leave one to that: on SmolLM2 each takes about a fifth
-        # of the time to the first token. Deferred, the Models' evaluations repack on their own threads.
-        background = None
-        deferred = repack == "deferred" and not profile
-        if repack_enabled() and deferred:
-            binder = WeightBinder(self.gguf, self.config, repack=True, threads=self.n_threads)
-        elif repack_enabled():
-            binder = WeightBinder(self.gguf, self.config, repack=True, threads=max(1, default_threads() - 1))
-            background = _in_background(binder.bind)
+        # Where binding repacks (repack.py: every matrix read once, without the GIL), it runs while the
+        # tokenizer is built, on the cores that leave one to that: on SmolLM2 each takes about a fifth of
+        # the time to the first token. Deferred, the packing stops when the tokenizer is ready (at the end of
+        # the matrix in hand) and the Models' evaluations pack the rest.
+        background = None  # the packing (and, repacked at load, the binding) on a thread
+        stop = threading.Event()  # set when the tokenizer is ready
+        helpers = max(1, default_threads() - 1)
+        weights = None
+        if not repack_enabled():
+            weights = WeightBinder(self.gguf, self.config, repack=False).bind()
+        elif repack == "deferred" and not profile:
+            weights = WeightBinder(self.gguf, self.config, repack=True, threads=self.n_threads).bind(
+                defer=True
+            )
+            pending = weights.deferred
+            if pending is not None:
+                background = _in_background(lambda: pending.advance(float("inf"), stop=stop, threads=helpers))
         else:
-            binder = WeightBinder(self.gguf, self.config, repack=False)
+            binder = WeightBinder(self.gguf, self.config, repack=True, threads=helpers)
+            background = _in_background(binder.bind)
         try:
             st = self.gguf.file_size
             cache_key = f"{self.model_path.resolve()}:{st}:{self.model_path.stat().st_mtime_ns}"
@@ -138,11 +146,14 @@ class Llama:
                     f"but the output layer only {self.config.n_vocab}"
                 )
         except BaseException:
+            stop.set()
             if background is not None:
                 with contextlib.suppress(BaseException):  # its own error matters less than this one
                     background()
             raise
-        self.weights = background() if background is not None else binder.bind(defer=deferred)
+        stop.set()
+        packed = background() if background is not None else None
+        self.weights = weights if weights is not None else packed
         self._session: Session | None = None
         self.load_s = time.perf_counter() - t0
 

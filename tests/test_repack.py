@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -178,14 +179,28 @@ def test_tile_product_checks_its_operands():
 
 
 def _layouts(llm) -> dict[str, int]:
+    """Each matrix's layout, of a Llama's or a ModelWeights'."""
+    weights = getattr(llm, "weights", llm)
     fields = {
         f"{i}.{k}": m.layout
-        for i, layer in enumerate(llm.weights.layers)
+        for i, layer in enumerate(weights.layers)
         for k, m in layer.items()
         if hasattr(m, "layout")
     }
-    fields["token_embd"] = llm.weights.fields["token_embd"].layout
+    fields["token_embd"] = weights.fields["token_embd"].layout
+    fields["output"] = weights.fields["output"].layout
     return fields
+
+
+def _deferred_binding(llm) -> tuple:
+    """The file of a Llama bound again with every repacking deferred, and a Model over it: what
+    Llama(repack="deferred") makes, without the packing its load does while the tokenizer builds."""
+    from llamacy.gguf import GGUFFile
+    from llamacy.model.weights import WeightBinder
+
+    gguf = GGUFFile(llm.model_path)
+    weights = WeightBinder(gguf, llm.config, repack=True, threads=llm.n_threads).bind(defer=True)
+    return weights, Model(gguf, 64, llm.n_threads, cfg=llm.config, kv_type="f32", weights=weights)
 
 
 def test_repack_off_by_environment(monkeypatch):
@@ -217,6 +232,7 @@ def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied
         np.testing.assert_array_equal(llm.logits(ids), want, err_msg=f"threads={threads} n_batch={n_batch}")
     layouts = _layouts(llm)
     assert layouts.pop("token_embd") == LAYOUT_STORED
+    layouts.pop("output")
     assert set(layouts.values()) == {LAYOUT[wtype]}
     output = llm.weights.fields["output"]
     assert output.layout == (LAYOUT_STORED if tied else LAYOUT[wtype])
@@ -241,13 +257,12 @@ def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype
     prompt = np.random.default_rng(5).integers(0, 300, 24).tolist()
     at_load = Llama(path, n_threads=2, kv_type="f32", repack="load")
     want = _greedy_logits(at_load.new_model(64, 2), prompt, 40)
-    llm = Llama(path, n_threads=2, kv_type="f32")
-    deferred = llm.weights.deferred
+    weights, model = _deferred_binding(at_load)
+    deferred = weights.deferred
     assert deferred is not None and not deferred.done
-    model = llm.new_model(64, 2)
     first = model.eval(prompt)
     assert deferred.generation == 0  # the first token is not kept waiting
-    assert set(_layouts(llm).values()) == {LAYOUT_STORED}
+    assert set(_layouts(weights).values()) == {LAYOUT_STORED}
     np.testing.assert_array_equal(first, want[0])
     seen = set()
     for step in range(len(want) - 1):
@@ -257,8 +272,52 @@ def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype
     assert deferred.done
     if share == 0.0:  # one matrix a step: 7 in each of the layers, and the head
         assert sorted(seen)[:3] == [1, 2, 3] and len(seen) == 7 * at_load.config.n_layer + 1
-    assert _layouts(llm) == _layouts(at_load)
-    assert set(_layouts(llm).values()) == {LAYOUT_STORED, LAYOUT[wtype]}
+    assert _layouts(weights) == _layouts(at_load)
+    assert set(_layouts(weights).values()) == {LAYOUT_STORED, LAYOUT[wtype]}
+
+
+@needs_tiles
+def test_deferred_repack_order_and_stop(tiny_model):
+    """The layers are packed in order and the output head last; a set stop packs nothing more."""
+    import threading
+
+    llm = Llama(tiny_model("llama", QT.Q8_0, tie_embeddings=False), n_threads=1, kv_type="f32", repack="load")
+    weights, _ = _deferred_binding(llm)
+    stop = threading.Event()
+    stop.set()
+    assert weights.deferred.advance(float("inf"), stop=stop) and weights.deferred.generation == 0
+    n = 7 * llm.config.n_layer + 1
+    for k in range(1, n + 1):
+        weights.deferred.advance(0.0)
+        layouts = _layouts(weights)
+        assert (layouts["output"] == LAYOUT_Q8_0_X8) == (k == n), k
+        assert layouts["0.wq"] == LAYOUT_Q8_0_X8
+    assert weights.deferred.done and not weights.deferred.advance(0.0)
+
+
+@needs_tiles
+def test_load_packs_while_the_tokenizer_builds(tiny_model, monkeypatch):
+    """A deferred load packs while its tokenizer is built and stops when that is ready: with a tokenizer
+    that takes long enough, a tiny model is all tiles by the end of the load; a model's first evaluation
+    packs nothing more."""
+    from llamacy.tokenizer import Tokenizer
+
+    build = Tokenizer.from_metadata
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return build(*args, **kwargs)
+
+    path = tiny_model("llama", QT.Q4_0, tie_embeddings=False)
+    monkeypatch.setattr(Tokenizer, "from_metadata", slow)
+    llm = Llama(path, n_threads=2, kv_type="f32")
+    assert llm.weights.deferred.done
+    assert _layouts(llm) == _layouts(Llama(path, n_threads=2, kv_type="f32", repack="load"))
+    monkeypatch.setattr(Tokenizer, "from_metadata", build)
+    llm = Llama(path, n_threads=2, kv_type="f32")
+    packed = llm.weights.deferred.generation
+    llm.logits([3, 4, 5])
+    assert llm.weights.deferred.generation == packed
 
 
 @needs_tiles
@@ -267,16 +326,16 @@ def test_deferred_repack_rebinds_every_model(tiny_model):
     at its next evaluation and gives the same bits as the first."""
     path = tiny_model("llama", QT.Q4_0)
     prompt = list(range(3, 19))
-    llm = Llama(path, n_threads=1, kv_type="f32")
-    a, b = llm.new_model(64, 1), llm.new_model(64, 1)
+    weights, a = _deferred_binding(Llama(path, n_threads=1, kv_type="f32", repack="load"))
+    b = Model(a.gguf, 64, 1, cfg=a.cfg, kv_type="f32", weights=weights)
     a.eval(prompt)
-    llm.weights.deferred.finish()
-    assert llm.weights.deferred.done
+    weights.deferred.finish()
+    assert weights.deferred.done
     want = a.eval([7])  # a rebinds: tiles from here
-    assert a._bound_generation == llm.weights.deferred.generation
+    assert a._bound_generation == weights.deferred.generation
     assert b._bound_generation == 0
     np.testing.assert_array_equal(b.eval([*prompt, 7]), want)
-    assert b._bound_generation == llm.weights.deferred.generation
+    assert b._bound_generation == weights.deferred.generation
 
 
 def test_repack_mode_is_checked(tiny_model):

@@ -20,7 +20,9 @@ Q8_0 goes into tiles too (one stream instead of 8 rows of 34-byte blocks). On th
 1.03x; the load then takes 1.3-4.5 s to the first token instead of 0.7 s (llama.cpp's CLI, which repacks
 too: 4.6-6.8 s on the same file). On Zen 4: decode 1.25x on both qwen2.5-1.5b and llama-3.2-1b Q8_0; the
 first token 2.4-3.0 s instead of 0.7-1.0 s, where llama.cpp's CLI (which keeps Q8_0 as stored there) takes
-1.5-2.4 s: kept as the default for the decode (BENCHMARKS.md, session 18).
+1.5-2.4 s: kept as the default for the decode (BENCHMARKS.md, session 18). Deferred past the first token
+(session 20), qwen2.5-1.5b Q8_0 reaches it in 0.93-1.20 s (repacked at load: 2.75-3.68 s; llama.cpp's CLI
+1.92-2.13 s).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class DeferredRepack:
     def __init__(self, todo: list[tuple[dict, str, tuple]], threads: int) -> None:
         import threading
 
-        self._todo = list(reversed(todo))  # popped from the end: the first layers first
+        self._todo = list(reversed(todo))  # popped from the end: in the order given
         self._threads = threads
         self._lock = threading.Lock()
         self.generation = 0
@@ -108,18 +110,21 @@ class DeferredRepack:
     def done(self) -> bool:
         return not self._todo
 
-    def advance(self, budget_s: float, wait: bool = False) -> bool:
-        """Pack matrices until budget_s seconds are spent (at least one); False if nothing is left, or if
-        another thread is packing now and not wait (the caller goes on with what it has bound)."""
+    def advance(
+        self, budget_s: float, wait: bool = False, stop: Any = None, threads: int | None = None
+    ) -> bool:
+        """Pack matrices until budget_s seconds are spent (at least one) or `stop` (a threading.Event) is
+        set; False if nothing is left, or if another thread is packing now and not wait (the caller goes on
+        with what it has bound). threads: for this call (default: the Models' count)."""
         import time
 
         if not self._todo or not self._lock.acquire(blocking=wait):
             return False
         try:
             t0 = time.perf_counter()
-            while self._todo:
+            while self._todo and not (stop is not None and stop.is_set()):
                 fields, field, request = self._todo.pop()
-                got = repack_matrices([request], self._threads)[0]
+                got = repack_matrices([request], threads or self._threads)[0]
                 if got is not None:
                     m = fields[field]
                     fields[field] = type(m)(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])

@@ -152,7 +152,7 @@ class WeightBinder:
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
         deferred = None
         if self._to_repack and defer:
-            deferred = self._deferred()
+            deferred = self._deferred(fields)
         elif self._to_repack:
             self._repack_all()
         ignored = arch.ignored_prefixes(c)
@@ -185,7 +185,10 @@ class WeightBinder:
             requests.append((m.type, m.rows, m.cols, m.data, self._source_key(self.tensors[name]), release))
         return requests
 
-    def _deferred(self) -> Any:
+    def _deferred(self, model_fields: dict) -> Any:
+        """The matrices to repack, handed to a DeferredRepack: the layers' in order, then the model's own
+        (the output head, the largest, last: a load that packs until its tokenizer is ready stops at the
+        end of the matrix in hand)."""
         from llamacy.model import default_threads
         from llamacy.model.repack import DeferredRepack
 
@@ -193,6 +196,7 @@ class WeightBinder:
             (out, field, request)
             for (out, field, _), request in zip(self._to_repack, self._requests(), strict=True)
         ]
+        todo.sort(key=lambda entry: entry[0] is model_fields)  # stable: the layers keep their order
         self._to_repack = []
         return DeferredRepack(todo, self.threads or default_threads())
 

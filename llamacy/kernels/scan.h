@@ -19,26 +19,35 @@
 /* Channels per sweep: 4 AVX2 vectors of sums, with their operands, fit the 16 registers. */
 #define LC_SCAN_W 32
 
+/* The sweep both recurrences share, over rows r < nr of a column-major state and its channels i0..i0+n-1:
+ * S[r] <- S[r] * decay + a[r] u (outer product: the update), acc += S[r] b[r] (the read-out, of the state
+ * just written). acc: n sums, accumulated. */
+static inline __attribute__((always_inline)) void lc_scan_sweep(float* S, ptrdiff_t w, ptrdiff_t nr, ptrdiff_t i0,
+                                                                ptrdiff_t n, float decay, const float* a,
+                                                                const float* u, const float* b, float* acc) {
+    for (ptrdiff_t r = 0; r < nr; r++) {
+        float* row = S + r * w + i0;
+        const float ar = a[r], br = b[r];
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const float s = row[i] * decay + ar * u[i];
+            row[i] = s;
+            acc[i] += s * br;
+        }
+    }
+}
+
 /* Mamba2 over channels i0..i0+n-1 of one head: S <- S * dA + B (x * dt)^T, y = S^T C + x * D. */
 static inline __attribute__((always_inline)) void lc_mamba2_cols(float* S, ptrdiff_t w, ptrdiff_t ds,
                                                                  const float* x, const float* B,
                                                                  const float* C, float dt, float dA, float D,
                                                                  float* y, ptrdiff_t i0, ptrdiff_t n) {
     float xdt[LC_SCAN_W], acc[LC_SCAN_W];
-    ptrdiff_t i, k;
+    ptrdiff_t i;
     for (i = 0; i < n; i++) {
         xdt[i] = x[i0 + i] * dt;
         acc[i] = 0.0f;
     }
-    for (k = 0; k < ds; k++) {
-        float* row = S + k * w + i0;
-        const float bk = B[k], ck = C[k];
-        for (i = 0; i < n; i++) {
-            const float s = row[i] * dA + bk * xdt[i];
-            row[i] = s;
-            acc[i] += s * ck;
-        }
-    }
+    lc_scan_sweep(S, w, ds, i0, n, dA, B, xdt, C, acc);
     for (i = 0; i < n; i++) y[i0 + i] = acc[i] + x[i0 + i] * D;
 }
 
@@ -69,15 +78,7 @@ static inline __attribute__((always_inline)) void lc_delta_cols(float* S, ptrdif
         d[i] = beta * (v[i0 + i] - decay * acc[i]);
         acc[i] = 0.0f;
     }
-    for (j = 0; j < dk; j++) {
-        float* row = S + j * dv + i0;
-        const float kj = k[j], qj = q[j];
-        for (i = 0; i < n; i++) {
-            const float s = row[i] * decay + kj * d[i];
-            row[i] = s;
-            acc[i] += s * qj;
-        }
-    }
+    lc_scan_sweep(S, dv, dk, i0, n, decay, k, d, q, acc);
     for (i = 0; i < n; i++) o[i0 + i] = acc[i];
 }
 

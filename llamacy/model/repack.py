@@ -28,7 +28,10 @@ first token 2.4-3.0 s instead of 0.7-1.0 s, where llama.cpp's CLI (which keeps Q
 from __future__ import annotations
 
 import os
+import threading
+import time
 import weakref
+from dataclasses import replace
 from typing import Any
 
 # traits.pxd's LAYOUT_* (WeightT.layout, weights.Matrix.layout), as kernels/repack.pyx exports them.
@@ -99,8 +102,6 @@ class DeferredRepack:
     C records when it sees a new one."""
 
     def __init__(self, todo: list[tuple[dict, str, tuple]], threads: int) -> None:
-        import threading
-
         self._todo = list(reversed(todo))  # popped from the end: in the order given
         self._threads = threads
         self._lock = threading.Lock()
@@ -116,8 +117,6 @@ class DeferredRepack:
         """Pack matrices until budget_s seconds are spent (at least one) or `stop` (a threading.Event) is
         set; False if nothing is left, or if another thread is packing now and not wait (the caller goes on
         with what it has bound). threads: for this call (default: the Models' count)."""
-        import time
-
         if not self._todo or not self._lock.acquire(blocking=wait):
             return False
         try:
@@ -126,8 +125,7 @@ class DeferredRepack:
                 fields, field, request = self._todo.pop()
                 got = repack_matrices([request], threads or self._threads)[0]
                 if got is not None:
-                    m = fields[field]
-                    fields[field] = type(m)(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])
+                    fields[field] = replace(fields[field], data=got[0], layout=got[1])
                 self.generation += 1
                 if time.perf_counter() - t0 >= budget_s:
                     break

@@ -8,7 +8,7 @@ Weights stay in the memory-mapped file; only the small norm and bias vectors are
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -177,7 +177,7 @@ class WeightBinder:
         return out
 
     def _requests(self) -> list[tuple]:
-        """repack_matrices' request for each matrix to repack; the list of them is emptied."""
+        """repack_matrices' request for each matrix in self._to_repack, in its order."""
         release = bool(getattr(self.gguf, "releasable", False))
         requests = []
         for out, field, name in self._to_repack:
@@ -211,8 +211,7 @@ class WeightBinder:
         made = repack_matrices(requests, self.threads or default_threads())
         for (out, field, _), got in zip(todo, made, strict=True):
             if got is not None:
-                m = out[field]
-                out[field] = Matrix(got[0], m.type, m.rows, m.cols, m.row_bytes, got[1])
+                out[field] = replace(out[field], data=got[0], layout=got[1])
 
     def _source_key(self, t: Any) -> tuple | None:
         """Where tensor t's bytes come from (file, size, mtime, part, offset); None if that is unknown."""

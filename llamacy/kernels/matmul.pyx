@@ -93,29 +93,32 @@ def _load_amx():
 AMX_STATUS = _load_amx()
 
 # Decode's weight prefetch in the VNNI kernels (matmul512.prefetch_set): bytes ahead within each stored row
-# and within a stream of 8-row tile records, or 0, 0 for the next-tile walk. Measured on an Intel Xeon
-# (BENCHMARKS.md, issue #29 session 17), the in-stream distances were the best of those tried; the next-tile
-# walk was kept where it was tuned (Zen 4). LLAMACY_PREFETCH=tile or stream overrides the CPU's choice.
-PREFETCH_STREAM = (1024, 2048)
+# and within the one stream of 8-row tile records; a row distance of 0 is the next-tile walk. "tile": stored
+# rows walk the next tile, tile records are requested 192 bytes ahead. On Zen 4 (BENCHMARKS.md, issue #29
+# session 21) the walk is the best of those tried for stored rows (Q6_K at 2 threads: 28 GB/s against 15-18
+# at 128-1024 bytes ahead), and 128-256 bytes ahead the best for tile records (Q4_K 31 GB/s against 24 with
+# the walk, Q8_0 30.6 against 27.4). "stream": both in-stream, the distances measured best on an Intel Xeon
+# (session 17). LLAMACY_PREFETCH=tile or stream overrides the CPU's choice.
+PREFETCH_MODES = {"tile": (0, 192), "stream": (1024, 2048)}
 
 
 def prefetch_set(str mode):
     """Decode's weight prefetch, 'tile' or 'stream' (benchmarks compare them in one process; the results
     are the same bits either way)."""
     global PREFETCH
-    if mode not in ("tile", "stream"):
+    if mode not in PREFETCH_MODES:
         raise ValueError(f"prefetch mode must be 'tile' or 'stream', got {mode!r}")
     if _vnni_found:
         from llamacy.kernels import matmul512
 
-        matmul512.prefetch_set(*(PREFETCH_STREAM if mode == "stream" else (0, 0)))
+        matmul512.prefetch_set(*PREFETCH_MODES[mode])
         PREFETCH = mode
 
 
 def _default_prefetch():
     """LLAMACY_PREFETCH where it names a mode, else this CPU's: 'stream' on Intel, 'tile' elsewhere."""
     mode = os.environ.get("LLAMACY_PREFETCH", "")
-    if mode in ("tile", "stream"):
+    if mode in PREFETCH_MODES:
         return mode
     from llamacy.kernels import cpu
 

@@ -118,12 +118,14 @@ cdef enum:
     AMX_TOK = 16  # AMX prefill (matmul512_amx.pxi): tokens per tile (the A tile's rows); 16 rows per record
     AMX_PAIRS = 4  # AMX prefill: 16-row records per pass over the tokens (64 rows, in L2)
 
-# Decode's weight prefetch (set by prefetch_set, which matmul calls once at import). 0: while one 8-row
-# tile is read, the next tile's bytes are requested, walked 8 times as fast (tuned on Zen 4, where it won).
-# > 0: each stream is requested that many bytes ahead of where it is read: every stored row of the tile
-# (pf_row_ahead) or the tile records' one stream (pf_rec_ahead). On an Intel Xeon (Sapphire Rapids class)
-# the next-tile walk held the line-fill buffers the rows' own loads waited for: one thread streamed 9 GB/s
-# of Q8_0 rows against the 15.7 it reads bare; requested 512 bytes ahead in each row, 12 (BENCHMARKS.md).
+# Decode's weight prefetch (set by prefetch_set, which matmul calls once at import). pf_row_ahead 0: while
+# one 8-row tile of stored rows is read, the next tile's bytes are requested, walked 8 times as fast (on Zen 4
+# the best for stored rows). > 0: each stored row of the tile is requested that many bytes ahead of where it
+# is read. On an Intel Xeon (Sapphire Rapids class) the next-tile walk held the line-fill buffers the rows'
+# own loads waited for: one thread streamed 9 GB/s of Q8_0 rows against the 15.7 it reads bare; requested 512
+# bytes ahead in each row, 12 (BENCHMARKS.md). pf_rec_ahead > 0: the load-time tiles' one stream of records
+# is requested that many bytes ahead (Zen 4: 192 bytes, Q4_K 24 -> 31 GB/s at 2 threads); 0: they too walk
+# the next tile.
 cdef Py_ssize_t pf_row_ahead = 0
 cdef Py_ssize_t pf_rec_ahead = 0
 

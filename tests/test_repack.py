@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1 and Q4_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
+"""Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
 matmul512_x8.pxi).
 
 The tiles must give the very bits the stored rows give, on every path (decode, few tokens, prompt chunks)
@@ -26,14 +26,21 @@ from llamacy.model.repack import (
     LAYOUT_Q4_0_X8,
     LAYOUT_Q4_1_X8,
     LAYOUT_Q4_K_X8,
+    LAYOUT_Q6_K_X8,
     LAYOUT_Q8_0_X8,
     LAYOUT_STORED,
     repack_enabled,
 )
 
 needs_tiles = pytest.mark.skipif(not mm.tiles_available(), reason="8-row tiles need AVX-512 VNNI")
-LAYOUT = {QT.Q4_0: LAYOUT_Q4_0_X8, QT.Q4_1: LAYOUT_Q4_1_X8, QT.Q4_K: LAYOUT_Q4_K_X8, QT.Q8_0: LAYOUT_Q8_0_X8}
-TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0], ids=lambda t: t.name)
+LAYOUT = {
+    QT.Q4_0: LAYOUT_Q4_0_X8,
+    QT.Q4_1: LAYOUT_Q4_1_X8,
+    QT.Q4_K: LAYOUT_Q4_K_X8,
+    QT.Q8_0: LAYOUT_Q8_0_X8,
+    QT.Q6_K: LAYOUT_Q6_K_X8,
+}
+TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name)
 
 
 def _quantized(wtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -90,6 +97,24 @@ def _q4_k_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return np.concatenate(parts, axis=2).reshape(-1)
 
 
+def _q6_k_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q6_K's layout as stated in matmul512_x8.pxi (kx8rec6): per 8 rows and super-block, ql[k][g] = the 8
+    rows' ql bytes 32k+4g..32k+4g+3 side by side; qh[n][g] likewise for qh; sc[k] = (scale 2k, scale 2k+1)
+    per row; d."""
+    nb = cols // 256
+    blocks = raw.reshape(rows // 8, 8, nb, 210).transpose(0, 2, 1, 3)  # [tile, block, row, bytes]
+    ql = blocks[..., 0:128].reshape(rows // 8, nb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    qh = blocks[..., 128:192].reshape(rows // 8, nb, 8, 2, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    sc = blocks[..., 192:208].reshape(rows // 8, nb, 8, 8, 2).transpose(0, 1, 3, 2, 4)
+    parts = [
+        ql.reshape(rows // 8, nb, 1024),
+        qh.reshape(rows // 8, nb, 512),
+        sc.reshape(rows // 8, nb, 128),
+        blocks[..., 208:210].reshape(rows // 8, nb, 16),
+    ]
+    return np.concatenate(parts, axis=2).reshape(-1)
+
+
 @pytest.mark.parametrize(("rows", "cols"), [(8, 256), (24, 512), (64, 768)])
 @TYPES
 def test_layout_is_the_stated_one(wtype, rows, cols):
@@ -102,6 +127,9 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
     elif wtype == QT.Q8_0:
         assert tiles.nbytes == raw.nbytes
         np.testing.assert_array_equal(tiles, _q8_0_tiles(raw, rows, cols))
+    elif wtype == QT.Q6_K:
+        assert tiles.nbytes == raw.nbytes
+        np.testing.assert_array_equal(tiles, _q6_k_tiles(raw, rows, cols))
     else:
         assert tiles.nbytes == rows * cols // 256 * 148
         np.testing.assert_array_equal(tiles, _q4_k_tiles(raw, rows, cols))
@@ -113,6 +141,7 @@ def test_shapes_that_do_not_tile_are_refused():
     assert rp.tile_layout(int(QT.Q5_0), 16, 64) == LAYOUT_STORED
     assert rp.tile_layout(int(QT.Q8_0), 12, 64) == LAYOUT_STORED
     assert rp.tile_layout(int(QT.Q4_K), 16, 128) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q6_K), 16, 128) == LAYOUT_STORED
     with pytest.raises(ValueError, match="does not tile"):
         rp.repack_tiles(int(QT.Q4_0), raw, 12, 64)
     with pytest.raises(ValueError, match="does not tile"):
@@ -213,13 +242,20 @@ def test_repack_off_by_environment(monkeypatch):
 @needs_tiles
 @pytest.mark.parametrize(
     ("wtype", "tied"),
-    [(QT.Q4_0, True), (QT.Q4_0, False), (QT.Q4_1, False), (QT.Q4_K, False), (QT.Q8_0, False)],
+    [
+        (QT.Q4_0, True),
+        (QT.Q4_0, False),
+        (QT.Q4_1, False),
+        (QT.Q4_K, False),
+        (QT.Q8_0, False),
+        (QT.Q6_K, True),
+    ],
 )
 def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied):
-    """A Q4_0 / Q4_1 / Q4_K / Q8_0 model loaded repacked and as stored: the same logits bit for bit, whole prompt,
-    micro-batches and one token at a time, 1 and 2 threads; its layer matrices are tiles, its token
-    embeddings (the head too, when tied) rows."""
-    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype == QT.Q4_K else {}
+    """A Q4_0 / Q4_1 / Q4_K / Q8_0 / Q6_K model loaded repacked and as stored: the same logits bit for bit,
+    whole prompt, micro-batches and one token at a time, 1 and 2 threads; its layer matrices and its output
+    head are tiles (a tied head too: its own copy), its token embeddings rows."""
+    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, tie_embeddings=tied, **wide)
     ids = np.random.default_rng(3).integers(0, 300, 40).tolist()
     monkeypatch.setenv("LLAMACY_REPACK", "0")
@@ -235,7 +271,7 @@ def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied
     layouts.pop("output")
     assert set(layouts.values()) == {LAYOUT[wtype]}
     output = llm.weights.fields["output"]
-    assert output.layout == (LAYOUT_STORED if tied else LAYOUT[wtype])
+    assert output.layout == LAYOUT[wtype]
 
 
 def _greedy_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
@@ -246,13 +282,15 @@ def _greedy_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
 
 
 @needs_tiles
-@pytest.mark.parametrize(("wtype", "share"), [(QT.Q4_0, 0.0), (QT.Q8_0, 0.0), (QT.Q4_K, 0.0), (QT.Q8_0, 1.0)])
+@pytest.mark.parametrize(
+    ("wtype", "share"), [(QT.Q4_0, 0.0), (QT.Q8_0, 0.0), (QT.Q4_K, 0.0), (QT.Q6_K, 0.0), (QT.Q8_0, 1.0)]
+)
 def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype, share):
     """Repacked between evaluations (the default): the prompt runs on the stored rows with nothing packed,
     later steps swap matrices in (share 0: one a step; 1: as long as the last step took), and every step's
     logits are the bits of a model repacked at load; at the end every matrix is a tile, as at load."""
     monkeypatch.setattr(Model, "REPACK_SHARE", share)
-    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype == QT.Q4_K else {}
+    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, tie_embeddings=False, **wide)
     prompt = np.random.default_rng(5).integers(0, 300, 24).tolist()
     at_load = Llama(path, n_threads=2, kv_type="f32", repack="load")

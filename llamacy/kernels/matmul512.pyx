@@ -67,7 +67,8 @@ from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q8_0_X8, layout_slot, mm_try_fn, type_traits, writable_traits,
+    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8, layout_slot, mm_try_fn, type_traits,
+    writable_traits,
 )
 
 # Each thread that calls mm512 keeps one buffer for the repacked rows of its work items (scratch.h).
@@ -323,6 +324,7 @@ def fill_traits():
     layout_slot(LAYOUT_Q4_1_X8)[0] = mm512_q4_1_x8
     layout_slot(LAYOUT_Q4_K_X8)[0] = mm512_q4_k_x8
     layout_slot(LAYOUT_Q8_0_X8)[0] = mm512_q8_0_x8
+    layout_slot(LAYOUT_Q6_K_X8)[0] = mm512_q6_k_x8
 
 
 def amx_enable(bint want):

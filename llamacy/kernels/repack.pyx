@@ -3,15 +3,17 @@
 # tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
 # blocks' bytes, so tile i starts where row 8i did; Q4_1 likewise, 160 bytes (its mins beside the scales).
 # Q8_0: 272 bytes per 8 rows x 32 values, the quants made unsigned (q + 128, what dpbusd takes).
-# Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes).
+# Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes). Q6_K:
+# 1680 bytes per 8 rows x 256 values, the stored size (quant bytes interleaved 4 at a time, as Q4_K's).
 from libc.stdint cimport int64_t, uint8_t, uint32_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q8_0
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K, T_Q8_0
 from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, LAYOUT_Q8_0_X8 as _Q8_0_X8,
+    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, LAYOUT_Q6_K_X8 as _Q6_K_X8,
+    LAYOUT_Q8_0_X8 as _Q8_0_X8,
     layout_row_bytes,
 )
 from llamacy.kernels.values cimport scale_min_k4
@@ -26,6 +28,7 @@ LAYOUT_Q4_0_X8 = _Q4_0_X8
 LAYOUT_Q4_K_X8 = _Q4_K_X8
 LAYOUT_Q4_1_X8 = _Q4_1_X8
 LAYOUT_Q8_0_X8 = _Q8_0_X8
+LAYOUT_Q6_K_X8 = _Q6_K_X8
 
 cdef enum:
     TILE_ROWS = 8
@@ -38,6 +41,11 @@ cdef enum:
     Q4_K_MN = 1088
     Q4_K_D = 1152
     Q4_K_DMIN = 1168
+    Q6_K_BYTES = 210   # 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales, fp16 d
+    Q6_K_TILE = 1680   # kx8rec6: ql 1024, qh 512, sc 128, d 16
+    Q6_K_QH = 1024
+    Q6_K_SC = 1536
+    Q6_K_D = 1664
     PIECE_BYTES = 1 << 20  # repack_many: most stored bytes per work item
 
 
@@ -47,7 +55,7 @@ ctypedef struct PackJob:
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
     int has_min            # Q4_1: an fp16 min after each block's scale
-    int k_quant            # Q4_K (_pack_q4_k); else Q4_0 / Q4_1 / Q8_0 (_pack_legacy)
+    int k_quant            # 4: Q4_K (_pack_q4_k); 6: Q6_K (_pack_q6_k); 0: Q4_0 / Q4_1 / Q8_0 (_pack_legacy)
     int groups             # _pack_legacy: 4-byte groups of quants per block (Q4_0 and Q4_1 4, Q8_0 8)
     uint32_t flip          # _pack_legacy: xor on every 4 quant bytes (Q8_0: 0x80808080, q + 128)
 
@@ -101,6 +109,30 @@ cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
                         memcpy(rec + 256 * k + 32 * g + 4 * r, row + 16 + 32 * k + 4 * g, 4)
 
 
+cdef void _pack_q6_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Row tiles begin..end-1: per super-block, the 8 rows' 4-byte groups of ql side by side (32 bytes per
+    group), then of qh, then their scales in pairs of groups (row r's scales of groups 2k, 2k+1 at bytes
+    2r, 2r+1 of pair k), then d."""
+    cdef PackJob* j = <PackJob*> ctx
+    cdef Py_ssize_t i, b, r, k, g
+    cdef const uint8_t* row
+    cdef uint8_t* rec
+    for i in range(begin, end):
+        for b in range(j.nb):
+            rec = j.dst + (i * j.nb + b) * Q6_K_TILE
+            for r in range(TILE_ROWS):
+                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q6_K_BYTES
+                for k in range(4):
+                    for g in range(8):
+                        memcpy(rec + 256 * k + 32 * g + 4 * r, row + 32 * k + 4 * g, 4)
+                for k in range(2):
+                    for g in range(8):
+                        memcpy(rec + Q6_K_QH + 256 * k + 32 * g + 4 * r, row + 128 + 32 * k + 4 * g, 4)
+                for k in range(8):
+                    memcpy(rec + Q6_K_SC + 16 * k + 2 * r, row + 192 + 2 * k, 2)
+                memcpy(rec + Q6_K_D + 2 * r, row + 208, 2)
+
+
 def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
     """The tiled layout a matrix of this type and shape can take (LAYOUT_STORED: none)."""
     if rows <= 0 or rows % TILE_ROWS or cols <= 0:
@@ -113,6 +145,8 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
         return LAYOUT_Q4_K_X8
     if wtype == T_Q8_0 and cols % 32 == 0:
         return LAYOUT_Q8_0_X8
+    if wtype == T_Q6_K and cols % 256 == 0:
+        return LAYOUT_Q6_K_X8
     return LAYOUT_STORED
 
 
@@ -151,8 +185,10 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
     for i in range(begin, end):
         pc = &m.pieces[i]
         j = &m.jobs[pc.job]
-        if j.k_quant:
+        if j.k_quant == 4:
             _pack_q4_k(j, pc.t0, pc.t1, tid)
+        elif j.k_quant == 6:
+            _pack_q6_k(j, pc.t0, pc.t1, tid)
         else:
             _pack_legacy(j, pc.t0, pc.t1, tid)
         if pc.rel and m.page > 0:
@@ -173,9 +209,9 @@ def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
     cdef int layout = tile_layout(wtype, rows, cols)
     if layout == LAYOUT_STORED:
         raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
-    nb = cols // 256 if layout == LAYOUT_Q4_K_X8 else cols // 32
-    row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES, LAYOUT_Q8_0_X8: Q8_0_BYTES}.get(
-        layout, Q4_K_BYTES)
+    nb = cols // 256 if layout in (LAYOUT_Q4_K_X8, LAYOUT_Q6_K_X8) else cols // 32
+    row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES, LAYOUT_Q8_0_X8: Q8_0_BYTES,
+                      LAYOUT_Q4_K_X8: Q4_K_BYTES, LAYOUT_Q6_K_X8: Q6_K_BYTES}[layout]
     src = _bytes_of(data)
     if src.shape[0] < rows * row_bytes:
         raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {row_bytes}")
@@ -223,7 +259,7 @@ def repack_many(items, int nthreads=1):
             jobs[i].nb = nb
             jobs[i].row_bytes = row_bytes
             jobs[i].has_min = layout == LAYOUT_Q4_1_X8
-            jobs[i].k_quant = layout == LAYOUT_Q4_K_X8
+            jobs[i].k_quant = 4 if layout == LAYOUT_Q4_K_X8 else 6 if layout == LAYOUT_Q6_K_X8 else 0
             jobs[i].groups = 8 if layout == LAYOUT_Q8_0_X8 else 4
             jobs[i].flip = 0x80808080u if layout == LAYOUT_Q8_0_X8 else 0
             total = items[i][2] // TILE_ROWS

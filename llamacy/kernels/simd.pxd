@@ -50,6 +50,7 @@ cdef extern from "simd.h" nogil:
     __m256i _mm256_srli_epi16(__m256i a, int n)
     __m256i _mm256_slli_epi16(__m256i a, int n)
     __m256i _mm256_slli_epi32(__m256i a, int n)
+    __m256i _mm256_srai_epi32(__m256i a, int n)
     __m256i _mm256_srlv_epi64(__m256i a, __m256i n)
     __m256i _mm256_add_epi16(__m256i a, __m256i b)
     __m256i _mm256_sub_epi16(__m256i a, __m256i b)

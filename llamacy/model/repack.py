@@ -1,6 +1,6 @@
 """Weights rewritten once into the layout their kernels read fastest.
 
-On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1 and Q4_K matrices go into 8-row tiles
+On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K matrices go into 8-row tiles
 (kernels/repack.pyx; read by matmul512_x8.pxi), as llama.cpp's CPU "repack" buffers hold them. The
 row-lane kernels would otherwise transpose 8 rows' quants per block in every product of more than a few
 tokens (a server step of 8 sequences pays that on every matrix), and decode would unpack them row by row.
@@ -10,8 +10,8 @@ When: a Llama repacks between evaluations by default (DeferredRepack below: the 
 wait for it), at load where asked (Llama(repack="load"), LLAMACY_REPACK=load: benchmarks, servers,
 profiling).
 
-The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's and
-Q4_1's tiles are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors
+The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's,
+Q4_1's, Q8_0's and Q6_K's tiles are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors
 are read once, then released), so processes serving one file no longer share them; and the load reads
 every such matrix once. LLAMACY_REPACK=0 keeps the file's layout.
 
@@ -23,6 +23,13 @@ first token 2.4-3.0 s instead of 0.7-1.0 s, where llama.cpp's CLI (which keeps Q
 1.5-2.4 s: kept as the default for the decode (BENCHMARKS.md, session 18). Deferred past the first token
 (session 20), qwen2.5-1.5b Q8_0 reaches it in 0.93-1.20 s (repacked at load: 2.75-3.68 s; llama.cpp's CLI
 1.92-2.13 s).
+
+Q6_K goes into tiles too (issue #29, session 21), and so does an output head tied to the token embeddings
+(weights.py binds it as a matrix of its own; the embeddings stay rows, read one row per token from the
+file's mapping). Q6_K is the output head of most K-quant files (215 MB of Llama-3.2-1B Q4_K_M's 763 MB) and
+half their FFN down matrices; as stored its decode reads 8 rows as 8 streams. On Zen 4, 2 threads, beside
+the tree before: llama-3.2-1b Q4_K_M decode 1.14x with its FFN down alone in tiles, qwen2.5-1.5b Q4_K_M
+(untied Q6_K head) 1.07x (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from llamacy.kernels.repack import (  # noqa: F401
     LAYOUT_Q4_0_X8,
     LAYOUT_Q4_1_X8,
     LAYOUT_Q4_K_X8,
+    LAYOUT_Q6_K_X8,
     LAYOUT_Q8_0_X8,
     LAYOUT_STORED,
 )

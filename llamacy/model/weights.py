@@ -146,9 +146,14 @@ class WeightBinder:
         c = self.cfg
         arch = ARCHITECTURES[c.arch]
         used: set[str] = set()
-        fields = self._bind_all(arch.model_tensors(c), used)
+        model_specs = arch.model_tensors(c)
+        fields = self._bind_all(model_specs, used)
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
+            if self.repack and isinstance(fields["output"], Matrix):
+                # the head's products read tiles; the embedding's rows stay in the file's layout (row reads)
+                name = next(spec.name for spec in model_specs if spec.field == "token_embd")
+                self._to_repack.append((fields, "output", name))
         layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
         deferred = None
         if self._to_repack and defer:

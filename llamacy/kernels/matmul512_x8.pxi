@@ -317,6 +317,15 @@ cdef void kx8_tile(const tshape* shape, const kx8rec* rec, const block_q8k* y, c
             out[t * ldo + r] = res[r]
 
 
+# Q6_K's 8 value vectors of sub-block 4n + j (values 4g..4g+3 of its 32 for g < 8, 8 rows each) from record k.
+cdef inline void kx86_values(const kx8rec6* k, int n, int j, __m256i* wq) noexcept nogil:
+    cdef int g
+    for g in range(8):
+        wq[g] = k6_values(_mm256_loadu_si256(<const __m256i*>k.ql[2 * n][g]),
+                          _mm256_loadu_si256(<const __m256i*>k.ql[2 * n + 1][g]),
+                          _mm256_loadu_si256(<const __m256i*>k.qh[n][g]), j)
+
+
 # kx86_tile's step for sub-block s (groups 2s, 2s + 1) of super-block b, its 8 value vectors in wq: the
 # tokens' exact integer sums into ia (scaled) and im (the scales against the token's bsums, for the -32).
 cdef inline void kx86_sub(const __m256i* wq, const kx8rec6* k, int s, const block_q8k* y, Py_ssize_t b,
@@ -339,57 +348,44 @@ cdef inline void kx86_sub(const __m256i* wq, const kx8rec6* k, int s, const bloc
         im[t] = _mm256_dpwssd_epi32(im[t], P, _mm256_set1_epi32((<const int32_t*>(y + t * nb + b).bsums)[s]))
 
 
-# The Q6_K tile of kx8_tile: out[t * ldo + r] for 8 rows x T tokens. klanes_tile's chain (one FMA of
-# float(isum - 32 * sum_g sc_g * bsum_g) by d_w * d_x per super-block), its integers formed from the 6-bit
-# values unpacked here (k6_values' formulas) instead of read from an expanded record. pf: request the
-# records' own stream pf_rec_ahead bytes ahead.
+# The Q6_K tile of kx8_tile: out[t * ldo + r] for 8 rows x T tokens; pf as kx8_tile's. klanes_tile's chain
+# (one FMA of float(isum - 32 * sum_g sc_g * bsum_g) by d_w * d_x per super-block), its integers formed from
+# the 6-bit values unpacked here (k6_values) instead of read from an expanded record. The four sub-blocks
+# of a half are spelled out so that each k6_values is one branch-free formula.
 cdef void kx86_tile(const tshape* shape, const kx8rec6* rec, const block_q8k* y, Py_ssize_t nb, float* out,
-                    Py_ssize_t ldo, bint pf) noexcept nogil:
+                    Py_ssize_t ldo, const char* pf) noexcept nogil:
     cdef int T = ntoks(shape)
     cdef __m256 fa[MAXT]
     cdef __m256i ia[MAXT]
     cdef __m256i im[MAXT]
     cdef __m256i wq[8]
-    cdef __m256i a, c, h
     cdef __m256i zero = _mm256_setzero_si256()
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i m3 = _mm256_set1_epi8(0x30)
     cdef __m256 dw, dx
     cdef const kx8rec6* k
     cdef float res[LR]
-    cdef int r, t, g, n
+    cdef int r, t, n
     cdef Py_ssize_t b
-    cdef Py_ssize_t ahead = pf_rec_ahead
+    cdef Py_ssize_t ahead = pf_rec_ahead  # a local: the global would be read again at every block
     for t in range(T):
         fa[t] = _mm256_setzero_ps()
     for b in range(nb):
         k = rec + b
-        if pf:
-            lc_prefetch_span(<const char*>k + ahead, sizeof(kx8rec6))
+        if pf != NULL:
+            if ahead == 0:
+                lc_prefetch_span(pf + b * sizeof(kx8rec6), sizeof(kx8rec6))
+            else:
+                lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(kx8rec6))
         for t in range(T):
             ia[t] = zero
             im[t] = zero
         for n in range(2):
-            for g in range(8):
-                a = _mm256_loadu_si256(<const __m256i*>k.ql[2 * n][g])
-                h = _mm256_loadu_si256(<const __m256i*>k.qh[n][g])
-                wq[g] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m3))
+            kx86_values(k, n, 0, wq)
             kx86_sub(wq, k, 4 * n, y, b, nb, T, ia, im)
-            for g in range(8):
-                c = _mm256_loadu_si256(<const __m256i*>k.ql[2 * n + 1][g])
-                h = _mm256_loadu_si256(<const __m256i*>k.qh[n][g])
-                wq[g] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m3))
+            kx86_values(k, n, 1, wq)
             kx86_sub(wq, k, 4 * n + 1, y, b, nb, T, ia, im)
-            for g in range(8):
-                a = _mm256_loadu_si256(<const __m256i*>k.ql[2 * n][g])
-                h = _mm256_loadu_si256(<const __m256i*>k.qh[n][g])
-                wq[g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m3))
+            kx86_values(k, n, 2, wq)
             kx86_sub(wq, k, 4 * n + 2, y, b, nb, T, ia, im)
-            for g in range(8):
-                c = _mm256_loadu_si256(<const __m256i*>k.ql[2 * n + 1][g])
-                h = _mm256_loadu_si256(<const __m256i*>k.qh[n][g])
-                wq[g] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                                        _mm256_and_si256(_mm256_srli_epi16(h, 2), m3))
+            kx86_values(k, n, 3, wq)
             kx86_sub(wq, k, 4 * n + 3, y, b, nb, T, ia, im)
         dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>k.d))
         for t in range(T):
@@ -402,35 +398,30 @@ cdef void kx86_tile(const tshape* shape, const kx8rec6* rec, const block_q8k* y,
             out[t * ldo + r] = res[r]
 
 
+# One token tile of Q4_K (kx8_tile) or Q6_K (kx86_tile, which has no pairs) records.
+cdef inline void kx8_run(const tshape* shape, const kx8any* rec, const block_q8k* y, const int32_t* pairs,
+                         Py_ssize_t nb, float* out, Py_ssize_t ldo, const char* pf) noexcept nogil:
+    if kx8any is kx8rec:
+        kx8_tile(shape, rec, y, pairs, nb, out, ldo, pf)
+    else:
+        kx86_tile(shape, rec, y, nb, out, ldo, pf)
+
+
 # Tile rec (output rows from r0) against tokens [t0, t1): tiles of 4 tokens, then one of the 1-3 left.
-# Q6_K's tile prefetches its own stream only (pf_rec_ahead bytes ahead), never the next tile.
 cdef inline void kx8_tokens(const kx8any* rec, const block_q8k* X, const int32_t* pairs, Py_ssize_t t0,
                             Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy, Py_ssize_t r0,
                             const char* pf) noexcept nogil:
     cdef Py_ssize_t t = t0
-    cdef bint own = pf != NULL and pf_rec_ahead > 0
-    if kx8any is kx8rec6:
-        while t + 4 <= t1:
-            kx86_tile(<const tok4*>NULL, rec, X + t * nb, nb, Y + t * ldy + r0, ldy, own)
-            own = False
-            t += 4
-        if t1 - t == 3:
-            kx86_tile(<const tok3*>NULL, rec, X + t * nb, nb, Y + t * ldy + r0, ldy, own)
-        elif t1 - t == 2:
-            kx86_tile(<const tok2*>NULL, rec, X + t * nb, nb, Y + t * ldy + r0, ldy, own)
-        elif t1 - t == 1:
-            kx86_tile(<const tok1*>NULL, rec, X + t * nb, nb, Y + t * ldy + r0, ldy, own)
-        return
     while t + 4 <= t1:
-        kx8_tile(<const tok4*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+        kx8_run(<const tok4*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
         pf = NULL
         t += 4
     if t1 - t == 3:
-        kx8_tile(<const tok3*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+        kx8_run(<const tok3*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
     elif t1 - t == 2:
-        kx8_tile(<const tok2*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+        kx8_run(<const tok2*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
     elif t1 - t == 1:
-        kx8_tile(<const tok1*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
+        kx8_run(<const tok1*>NULL, rec, X + t * nb, pairs + 4 * t * nb, nb, Y + t * ldy + r0, ldy, pf)
 
 
 # Tiles rec[0..ntiles) (nb records each) into the prefill tile's records dst (klanerec, nb per tile): the
@@ -439,7 +430,6 @@ cdef inline void kx8_tokens(const kx8any* rec, const block_q8k* X, const int32_t
 # transpose, no 6-bit scale unpacking).
 cdef void kx8_expand(const kx8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, klanerec* dst) noexcept nogil:
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i m3 = _mm256_set1_epi8(0x30)
     cdef __m256i p, a, c, h, P
     cdef const kx8any* k
     cdef klanerec* o
@@ -466,14 +456,8 @@ cdef void kx8_expand(const kx8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, klaner
                     a = _mm256_loadu_si256(<const __m256i*>k.ql[2 * n][g])
                     c = _mm256_loadu_si256(<const __m256i*>k.ql[2 * n + 1][g])
                     h = _mm256_loadu_si256(<const __m256i*>k.qh[n][g])
-                    _mm256_storeu_si256(<__m256i*>o.u[32 * n + g], _mm256_or_si256(
-                        _mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m3)))
-                    _mm256_storeu_si256(<__m256i*>o.u[32 * n + 8 + g], _mm256_or_si256(
-                        _mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m3)))
-                    _mm256_storeu_si256(<__m256i*>o.u[32 * n + 16 + g], _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m3)))
-                    _mm256_storeu_si256(<__m256i*>o.u[32 * n + 24 + g], _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(c, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m3)))
+                    for j in range(4):
+                        _mm256_storeu_si256(<__m256i*>o.u[32 * n + 8 * j + g], k6_values(a, c, h, j))
             for j in range(8):
                 P = _mm256_cvtepi8_epi16(_mm_loadu_si128(<const __m128i*>k.sc[j]))
                 _mm256_storeu_si256(<__m256i*>o.pr[j], P)
@@ -512,6 +496,7 @@ cdef int kx8_product(const kx8any* rec, Py_ssize_t rows, Py_ssize_t cols, const 
     if kx8any is kx8rec:  # Q6_K's dpwssd takes the token's bsums as they are
         pairs_bytes = (4 * n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
     per = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(klanerec)), GR // LR))  # tiles per work item
+    # + 64: Q6_K's decode needs no scratch, but lc_scratch(0) is NULL in a thread that has none yet
     pairs = <int32_t*>lc_scratch(pairs_bytes + (per * nb * sizeof(klanerec) if n_tok > TCH else 0) + 64)
     if pairs == NULL:
         return 0

@@ -60,18 +60,28 @@ ctypedef struct PackJob:
     uint32_t flip          # _pack_legacy: xor on every 4 quant bytes (Q8_0: 0x80808080, q + 128)
 
 
+cdef inline void _spread(uint8_t* dst, const uint8_t* src, Py_ssize_t groups, Py_ssize_t r,
+                         uint32_t flip) noexcept nogil:
+    """Row r's `groups` 4-byte groups from src into a tile's lanes: group m at dst + 32m + 4r, xor flip."""
+    cdef Py_ssize_t m
+    cdef uint32_t v
+    for m in range(groups):
+        memcpy(&v, src + 4 * m, 4)
+        v ^= flip
+        memcpy(dst + 32 * m + 4 * r, &v, 4)
+
+
 cdef void _pack_legacy(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
     """Row tiles begin..end-1 of Q4_0, Q4_1 or Q8_0: per block, the 8 scales (Q4_1: then the 8 mins), then
     for each 4-byte group g of the quants the 8 rows' bytes 4g..4g+3 side by side, xor j.flip (Q8_0: each
     byte plus 128, the unsigned operand of dpbusd)."""
     cdef PackJob* j = <PackJob*> ctx
-    cdef Py_ssize_t i, b, r, g
+    cdef Py_ssize_t i, b, r
     cdef Py_ssize_t head = 4 if j.has_min else 2  # stored: d (and m) before the quants
     cdef Py_ssize_t block = head + 4 * j.groups
     cdef Py_ssize_t quants = 8 * head  # in the tile: the 8 rows' d (and m) before the quants
     cdef const uint8_t* row
     cdef uint8_t* rec
-    cdef uint32_t v
     for i in range(begin, end):
         for b in range(j.nb):
             rec = j.dst + (i * j.nb + b) * TILE_ROWS * block
@@ -80,10 +90,7 @@ cdef void _pack_legacy(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
                 memcpy(rec + 2 * r, row, 2)
                 if j.has_min:
                     memcpy(rec + 16 + 2 * r, row + 2, 2)
-                for g in range(j.groups):
-                    memcpy(&v, row + head + 4 * g, 4)
-                    v ^= j.flip
-                    memcpy(rec + quants + 32 * g + 4 * r, &v, 4)
+                _spread(rec + quants, row + head, j.groups, r, j.flip)
 
 
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -91,7 +98,7 @@ cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     group, 8 groups per 32 bytes of qs), their scales per sub-block, their mins in pairs of sub-blocks,
     then d and dmin."""
     cdef PackJob* j = <PackJob*> ctx
-    cdef Py_ssize_t i, b, r, k, g, s
+    cdef Py_ssize_t i, b, r, s
     cdef const uint8_t* row
     cdef uint8_t* rec
     for i in range(begin, end):
@@ -104,9 +111,7 @@ cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
                 for s in range(8):
                     scale_min_k4(s, row + 4, rec + Q4_K_SC + 8 * s + r,
                                   rec + Q4_K_MN + 16 * (s // 2) + 2 * r + s % 2)
-                for k in range(4):
-                    for g in range(8):
-                        memcpy(rec + 256 * k + 32 * g + 4 * r, row + 16 + 32 * k + 4 * g, 4)
+                _spread(rec, row + 16, 32, r, 0)
 
 
 cdef void _pack_q6_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -114,7 +119,7 @@ cdef void _pack_q6_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     group), then of qh, then their scales in pairs of groups (row r's scales of groups 2k, 2k+1 at bytes
     2r, 2r+1 of pair k), then d."""
     cdef PackJob* j = <PackJob*> ctx
-    cdef Py_ssize_t i, b, r, k, g
+    cdef Py_ssize_t i, b, r, k
     cdef const uint8_t* row
     cdef uint8_t* rec
     for i in range(begin, end):
@@ -122,12 +127,8 @@ cdef void _pack_q6_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
             rec = j.dst + (i * j.nb + b) * Q6_K_TILE
             for r in range(TILE_ROWS):
                 row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q6_K_BYTES
-                for k in range(4):
-                    for g in range(8):
-                        memcpy(rec + 256 * k + 32 * g + 4 * r, row + 32 * k + 4 * g, 4)
-                for k in range(2):
-                    for g in range(8):
-                        memcpy(rec + Q6_K_QH + 256 * k + 32 * g + 4 * r, row + 128 + 32 * k + 4 * g, 4)
+                _spread(rec, row, 32, r, 0)
+                _spread(rec + Q6_K_QH, row + 128, 16, r, 0)
                 for k in range(8):
                     memcpy(rec + Q6_K_SC + 16 * k + 2 * r, row + 192 + 2 * k, 2)
                 memcpy(rec + Q6_K_D + 2 * r, row + 208, 2)

@@ -442,6 +442,53 @@ def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
         rp.repack_many([(int(QT.Q4_0), raws[0], 8, 64, False), (int(QT.Q5_0), raws[0], 8, 64, False)])
 
 
+def _vma_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds addr (Linux's /proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_tile_arena_is_one_block_on_huge_pages():
+    """The arena's views: in order, 64-byte aligned, not overlapping, the first on a 2 MiB boundary, and
+    the block advised for transparent huge pages (VmFlags "hg"); repack_many fills given destinations
+    with the tiles it would have made, and refuses ones of the wrong size."""
+    sizes = [3 * 2**20 + 5, 221184, 0, 64, 7 * 2**20]
+    from numpy._core import multiarray
+
+    was = multiarray._set_madvise_hugepage(False)  # numpy's own advice for large arrays would hide ours
+    try:
+        views = rp.arena(sizes)
+    finally:
+        multiarray._set_madvise_hugepage(was)
+    assert [v.nbytes for v in views] == sizes and all(v.dtype == np.uint8 for v in views)
+    del views[2]  # an empty view's address means nothing
+    addrs = [v.ctypes.data for v in views]
+    sizes = [v.nbytes for v in views]
+    assert addrs[0] % (2 << 20) == 0 and all(a % 64 == 0 for a in addrs)
+    assert all(a + s <= b for a, s, b in zip(addrs, sizes, addrs[1:], strict=False))
+    if sys.platform == "linux":
+        assert "hg" in _vma_flags(addrs[0]) and "hg" in _vma_flags(addrs[-1] + sizes[-1] - 1)
+    shapes = [(QT.Q4_K, 16, 512), (QT.Q6_K, 8, 256), (QT.Q8_0, 24, 64)]
+    raws = [_quantized(w, r, c, seed=i) for i, (w, r, c) in enumerate(shapes)]
+    items = [(int(w), raw, r, c, False) for (w, r, c), raw in zip(shapes, raws, strict=True)]
+    dst = rp.arena([rp.tiled_bytes(int(w), r, c) for w, r, c in shapes])
+    got = rp.repack_many(items, 2, dst)
+    for (w, r, c), raw, d, (tiles, layout) in zip(shapes, raws, dst, got, strict=True):
+        assert tiles is d and layout == LAYOUT[w]
+        np.testing.assert_array_equal(tiles, rp.repack_tiles(int(w), raw, r, c, 1)[0])
+    assert rp.tiled_bytes(int(QT.Q5_0), 8, 64) == 0
+    with pytest.raises(ValueError, match="do not match"):
+        rp.repack_many(items, 1, [dst[0], dst[1], dst[1]])
+
+
 @needs_tiles
 def test_load_leaves_no_thread_behind(tiny_model):
     """A repacking load binds the weights on a thread while the tokenizer builds: joined by the time the

@@ -154,6 +154,7 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
 cdef extern from "sys/mman.h" nogil:
     int madvise(void* addr, size_t length, int advice)
     int MADV_DONTNEED
+    int MADV_HUGEPAGE
 
 cdef extern from "unistd.h" nogil:
     long sysconf(int name)
@@ -219,25 +220,65 @@ def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
     return layout, nb, row_bytes, src
 
 
+# Huge pages: the tiles are streamed once a token, and on 4 KB pages a 1 GB model crosses 250,000 of them
+# a token (a TLB walk each, and the hardware prefetchers stop at every page boundary).
+cdef enum:
+    HUGE = 2 << 20
+    ALIGN = 64
+
+
+def arena(sizes):
+    """Fresh uint8 arrays of these sizes (64-byte aligned), views of one allocation that starts on a 2 MiB
+    boundary and that the kernel is asked to back with transparent huge pages (MADV_HUGEPAGE: THP mode
+    "madvise", the usual default, gives them only to ranges that ask). One allocation, not one per matrix:
+    a matrix smaller than a huge page shares pages with its neighbours, and a large one has no edges left
+    on small pages. Pages never written are never backed."""
+    cdef Py_ssize_t total = 0, off, size, rounded
+    starts = []
+    for size in sizes:
+        if size < 0:
+            raise ValueError(f"negative size {size}")
+        starts.append(total)
+        total += (size + ALIGN - 1) // ALIGN * ALIGN
+    rounded = (total + HUGE - 1) // HUGE * HUGE
+    buf = np.empty(rounded + HUGE, dtype=np.uint8)
+    cdef uint8_t[::1] view = buf
+    cdef size_t addr = <size_t>&view[0]
+    off = (HUGE - addr % HUGE) % HUGE
+    if rounded:
+        madvise(<void*>(addr + off), rounded, MADV_HUGEPAGE)  # advice only: refused, small pages serve
+    return [buf[off + start:off + start + size] for start, size in zip(starts, sizes)]
+
+
+def tiled_bytes(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
+    """Bytes of a rows x cols matrix of wtype in its tile layout; 0 where it has none."""
+    cdef int layout = tile_layout(wtype, rows, cols)
+    return 0 if layout == LAYOUT_STORED else rows * layout_row_bytes(layout, cols)
+
+
 def repack_tiles(int wtype, data, Py_ssize_t rows, Py_ssize_t cols, int nthreads=1):
     """Stored rows of `wtype` (a uint8 buffer of at least their bytes) -> (a new uint8 array in the
     layout, the layout id)."""
     return repack_many([(wtype, data, rows, cols, False)], nthreads)[0]
 
 
-def repack_many(items, int nthreads=1):
+def repack_many(items, int nthreads=1, outs=None):
     """[(wtype, data, rows, cols, release)] -> [(a new uint8 array in the layout, the layout id)], in
     order. Every matrix is checked first, then all are packed in one pass over the thread team without the
     GIL (so a model's load can build its tokenizer meanwhile), in pieces of at most PIECE_BYTES of rows.
     release: `data` is a file mapping whose pages this process no longer needs once packed; each piece
     gives back the whole pages of its rows (the copy replaced them; reading them again would only fault
-    them back in)."""
+    them back in). outs: the destination arrays (uint8, each exactly the matrix's tiled bytes), made here
+    (one arena) if None."""
     cdef Py_ssize_t n = len(items), n_pieces = 0, i, k, t, step, total
     if n == 0:
         return []
     plans = [_plan(wtype, data, rows, cols) for wtype, data, rows, cols, _ in items]  # their bytes alive
-    outs = [np.empty(item[2] * layout_row_bytes(plan[0], item[3]), dtype=np.uint8)
-            for plan, item in zip(plans, items)]
+    sizes = [item[2] * layout_row_bytes(plan[0], item[3]) for plan, item in zip(plans, items)]
+    if outs is None:
+        outs = arena(sizes)
+    elif len(outs) != n or any(o.dtype != np.uint8 or o.nbytes != size for o, size in zip(outs, sizes)):
+        raise ValueError("the destination arrays do not match the matrices")
     steps = []
     for plan, item in zip(plans, items):
         step = max(1, PIECE_BYTES // (TILE_ROWS * plan[2]))

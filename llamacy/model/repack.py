@@ -15,6 +15,13 @@ Q4_1's, Q8_0's and Q6_K's tiles are the same size, Q4_K's 3% larger: scales unpa
 are read once, then released), so processes serving one file no longer share them; and the load reads
 every such matrix once. LLAMACY_REPACK=0 keeps the file's layout.
 
+Where: one allocation for all of a model's tiles, on a 2 MiB boundary and advised MADV_HUGEPAGE
+(kernels/repack.pyx's arena; DeferredRepack takes it whole before packing the first matrix). One numpy
+array per matrix left most of each on 4 KB pages (numpy advises huge pages only for arrays of 4 MiB or more,
+and only their aligned inside gets them: 686 of qwen2.5-1.5b Q4_K_M's 1,080 MB). Decode's products over
+the arena, kernel alone (benchmarks/bench_pages.py, Zen 4, 2 threads): 1.15x (Q4_K with Q6_K), 1.17x (Q8_0),
+1.03x (Q4_0).
+
 Q8_0 goes into tiles too (one stream instead of 8 rows of 34-byte blocks). On the Intel Xeon of issue #29
 (2 threads): qwen2.5-1.5b Q8_0 decode 10.3 -> 15.5 t/s (its 1536-wide rows are 48 blocks), llama-3.2-1b Q8_0
 1.03x; the load then takes 1.3-4.5 s to the first token instead of 0.7 s (llama.cpp's CLI, which repacks
@@ -65,11 +72,15 @@ def repack_enabled() -> bool:
     return bool(tiles_available())
 
 
-def repack_matrices(requests: list[tuple], n_threads: int) -> list[tuple[Any, int] | None]:
+def repack_matrices(
+    requests: list[tuple], n_threads: int, outs: list[Any] | None = None
+) -> list[tuple[Any, int] | None]:
     """For each (wtype, rows, cols, data, key, release): (the matrix's bytes in the layout its kernel
     reads fastest, that layout), or None where none applies. All are packed in one pass without the GIL
-    (kernels/repack.pyx's repack_many). key: where the bytes come from, to share the result within the
-    process (None: not shared); release: data is a file mapping whose pages may be given back once copied."""
+    (kernels/repack.pyx's repack_many), into one allocation on huge pages (its arena) unless `outs` gives
+    each request its destination (tile_arena). key: where the bytes come from, to share the result within
+    the process (None: not shared); release: data is a file mapping whose pages may be given back once
+    copied."""
     from llamacy.kernels.repack import repack_many, tile_layout
 
     results: list[tuple[Any, int] | None] = [None] * len(requests)
@@ -87,12 +98,24 @@ def repack_matrices(requests: list[tuple], n_threads: int) -> list[tuple[Any, in
     for i in todo:
         wtype, rows, cols, data, _, release = requests[i]
         items.append((wtype, data, rows, cols, release))
-    for i, (tiles, layout) in zip(todo, repack_many(items, n_threads), strict=True):
+    dst = [outs[i] for i in todo] if outs is not None else None
+    for i, (tiles, layout) in zip(todo, repack_many(items, n_threads, dst), strict=True):
         key = requests[i][4]
         if key is not None:
             _TILES[key] = tiles
         results[i] = (tiles, layout)
     return results
+
+
+def tile_arena(requests: list[tuple]) -> list[Any]:
+    """For each repack_matrices request, the array its tiles will fill (None where it has no tile layout):
+    views of one allocation on huge pages, made before any is packed (pages are backed as they are
+    written), so that matrices packed one at a time still share huge pages."""
+    from llamacy.kernels.repack import arena, tiled_bytes
+
+    sizes = [tiled_bytes(wtype, rows, cols) for wtype, rows, cols, *_ in requests]
+    views = iter(arena([size for size in sizes if size]))
+    return [next(views) if size else None for size in sizes]
 
 
 class DeferredRepack:
@@ -110,7 +133,9 @@ class DeferredRepack:
     C records when it sees a new one."""
 
     def __init__(self, todo: list[tuple[dict, str, tuple]], threads: int) -> None:
-        self._todo = list(reversed(todo))  # popped from the end: in the order given
+        # Each entry with its destination in one arena; popped from the end: in the order given.
+        dsts = tile_arena([request for _, _, request in todo])
+        self._todo = list(reversed(list(zip(todo, dsts, strict=True))))
         self._threads = threads
         self._lock = threading.Lock()
         self.generation = 0
@@ -130,8 +155,8 @@ class DeferredRepack:
         try:
             t0 = time.perf_counter()
             while self._todo and not (stop is not None and stop.is_set()):
-                fields, field, request = self._todo.pop()
-                got = repack_matrices([request], threads or self._threads)[0]
+                (fields, field, request), dst = self._todo.pop()
+                got = repack_matrices([request], threads or self._threads, [dst])[0]
                 if got is not None:
                     fields[field] = replace(fields[field], data=got[0], layout=got[1])
                 self.generation += 1

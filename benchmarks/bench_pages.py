@@ -12,6 +12,9 @@ layer order) over each, the ways alternating round by round; medians of GB/s of 
          more, but only the 2 MiB-aligned inside of each gets them
   small  one allocation advised MADV_NOHUGEPAGE: 4 KB pages only
 The working set (~48 MB a layer) must exceed the last-level cache for the figures to mean memory.
+
+With --ahead 128,192,384 (bytes), the ways are instead distances of the tile records' in-stream prefetch
+(matmul512.prefetch_set; 0 = walk the next tile), all over the arena, the first the base of the ratios.
 """
 
 from __future__ import annotations
@@ -59,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--type", default="Q4_K_M", help="Q4_K_M (Q4_K, down Q6_K), or one of Q4_0 Q4_1 Q8_0 Q4_K Q6_K"
     )
+    ap.add_argument("--ahead", default="", help="compare these tile prefetch distances (bytes) instead")
     args = ap.parse_args(argv)
 
     from gguf import GGMLQuantizationType as QT
 
     from llamacy.kernels import matmul as mm
+    from llamacy.kernels import matmul512
     from llamacy.kernels import quantize as qz
     from llamacy.kernels import repack as rp
 
@@ -77,12 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         raws[rows, cols, t] = qz.quantize(int(QT[t]), w)
     items = [(int(QT[t]), raws[r, c, t], r, c, False) for r, c, t in shapes]
     sizes = [rp.tiled_bytes(w, r, c) for w, _, r, c, _ in items]
-    ways = {
-        "arena": rp.arena(sizes),
-        "numpy": [np.empty(s, dtype=np.uint8) for s in sizes],
-        "small": small_pages(sizes),
-    }
-    for dst in ways.values():
+    row_ahead = mm.PREFETCH_MODES[mm.PREFETCH][0]
+    aheads = (
+        {f"{int(a)} B" if int(a) else "walk": int(a) for a in args.ahead.split(",")} if args.ahead else {}
+    )
+    if aheads:
+        arena = rp.arena(sizes)
+        ways = dict.fromkeys(aheads, arena)
+    else:
+        ways = {
+            "arena": rp.arena(sizes),
+            "numpy": [np.empty(s, dtype=np.uint8) for s in sizes],
+            "small": small_pages(sizes),
+        }
+    for dst in {id(d): d for d in ways.values()}.values():
         rp.repack_many(items, args.threads, dst)
     total = sum(sizes)
     print(
@@ -102,16 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.rounds):
         order = list(ways) if rnd % 2 == 0 else list(reversed(ways))
         for name in order:
+            if aheads:
+                matmul512.prefetch_set(row_ahead, aheads[name])
             t0 = time.perf_counter()
             for _ in range(args.tokens):
                 token(ways[name])
             rates[name].append(total * args.tokens / (time.perf_counter() - t0) / 1e9)
-    base = rates["numpy"]
+    if aheads:
+        mm.prefetch_set(mm.PREFETCH)
+    first = next(iter(rates)) if aheads else "numpy"
     for name, r in rates.items():
-        ratio = statistics.median(a / b for a, b in zip(r, base, strict=True))
+        ratio = statistics.median(a / b for a, b in zip(r, rates[first], strict=True))
         print(
             f"{name:6s} {statistics.median(r):6.1f} GB/s (median; range {min(r):.1f}-{max(r):.1f}); "
-            f"per round / numpy: median {ratio:.3f}"
+            f"per round / {first}: median {ratio:.3f}"
         )
     return 0
 

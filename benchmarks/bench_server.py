@@ -249,8 +249,10 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 20) 
         proc.kill()
 
 
-def report(label: str, clients: int, singles: list[Round], manys: list[Round]) -> list[float]:
-    """Print one engine's figures; return its per-round CLIENTS-client tokens/s."""
+def report(
+    label: str, clients: int, singles: list[Round], manys: list[Round]
+) -> tuple[list[float], list[float]]:
+    """Print one engine's figures; return its per-round 1-client and CLIENTS-client tokens/s."""
 
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
@@ -274,7 +276,7 @@ def report(label: str, clients: int, singles: list[Round], manys: list[Round]) -
         f"  speed-up: {med(ratios):.2f}x (median of the rounds' ratios; "
         f"range {min(ratios):.2f}-{max(ratios):.2f}x)"
     )
-    return [m.tokens_per_s for m in manys]
+    return [s.tokens_per_s for s in singles], [m.tokens_per_s for m in manys]
 
 
 def main() -> None:
@@ -327,15 +329,16 @@ def main() -> None:
         f"model: {args.model or 'default'}  threads: {args.threads or 'all'}  tokens/client: {args.tokens}  "
         f"rounds: {args.rounds}  client: {args.client}  cpus: {len(os.sched_getaffinity(0))}"
     )
-    many = {name: report(name, args.clients, *results[name]) for name, _, _ in engines}
+    tps = {name: report(name, args.clients, *results[name]) for name, _, _ in engines}
     if args.ref_server:
-        ratios = [a / b for a, b in zip(many["llamacy"], many["llama-server"], strict=True)]
-        print(
-            f"llamacy / llama-server at {args.clients} clients: {statistics.median(ratios):.2f}x (median of "
-            f"the rounds' ratios; range {min(ratios):.2f}-{max(ratios):.2f}x; per round: "
-            + " ".join(f"{r:.2f}" for r in ratios)
-            + ")"
-        )
+        # The engines measured round by round, alternating: the ratio per round, then its median.
+        for i, clients in ((0, 1), (1, args.clients)):
+            ratios = [a / b for a, b in zip(tps["llamacy"][i], tps["llama-server"][i], strict=True)]
+            print(
+                f"llamacy / llama-server at {clients} client{'s' if clients > 1 else ''}: "
+                f"{statistics.median(ratios):.2f}x (median of the rounds' ratios; range {min(ratios):.2f}-"
+                f"{max(ratios):.2f}x; per round: " + " ".join(f"{r:.2f}" for r in ratios) + ")"
+            )
 
 
 if __name__ == "__main__":

@@ -179,7 +179,7 @@ def main() -> None:
         try:
             llm = Llama(
                 path,
-                n_ctx=max(prompts + gens) + max([0, *depths]) + 8,
+                n_ctx=max([*prompts, *gens, *(d + g for d in depths for g in gens)]) + 8,
                 n_threads=max(threads),
                 n_batch=max(prompts or [512]),
                 repack="load",

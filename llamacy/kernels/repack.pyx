@@ -154,6 +154,15 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
 cdef extern from "sys/mman.h" nogil:
     int madvise(void* addr, size_t length, int advice)
     int MADV_DONTNEED
+
+# Transparent huge pages are Linux's; elsewhere the advice is MADV_NORMAL, i.e. none.
+cdef extern from *:
+    """
+    #include <sys/mman.h>
+    #ifndef MADV_HUGEPAGE
+    #define MADV_HUGEPAGE MADV_NORMAL
+    #endif
+    """
     int MADV_HUGEPAGE
 
 cdef extern from "unistd.h" nogil:

@@ -114,8 +114,7 @@ def tile_arena(requests: list[tuple]) -> list[Any]:
     from llamacy.kernels.repack import arena, tiled_bytes
 
     sizes = [tiled_bytes(wtype, rows, cols) for wtype, rows, cols, *_ in requests]
-    views = iter(arena([size for size in sizes if size]))
-    return [next(views) if size else None for size in sizes]
+    return [view if size else None for view, size in zip(arena(sizes), sizes, strict=True)]
 
 
 class DeferredRepack:

@@ -3,6 +3,7 @@
     python3 benchmarks/bench_ab.py --a /path/to/old/checkout --b . --rounds 5
     python3 benchmarks/bench_ab.py --ref-bench /path/to/llama-bench --b . --rounds 5   # A = native reference
     python3 benchmarks/bench_ab.py --a . --a-env LLAMACY_REPACK=0 --b . -m FILE      # one tree, two settings
+    python3 benchmarks/bench_ab.py --a OLD --b . -m FILE -p 0 -n 32 -d 4096          # decode at depth 4096
 
 Each tree must hold built extensions (`make build` there, or copied .so files). Every round runs A then B
 (B then A on odd rounds, so that a machine warming up or slowing down hits both alike), each in a fresh
@@ -28,11 +29,11 @@ from reference import find_bench, run_bench
 
 
 def run_tree(
-    tree: Path, model: str, p: str, n: str, threads: str, reps: int, extra_env: dict[str, str]
+    tree: Path, model: str, p: str, n: str, threads: str, reps: int, extra_env: dict[str, str], depth: int = 0
 ) -> dict[tuple, float]:
     env = dict(os.environ, PYTHONPATH=str(tree), **extra_env)
     cmd = [sys.executable, "-m", "llamacy", "bench", "-m", model, "-p", p, "-n", n, "-t", threads]
-    cmd += ["-r", str(reps), "-o", "json"]
+    cmd += ["-r", str(reps), "-o", "json", "-d", str(depth)]
     out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True).stdout
     return {(r["n_threads"], r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in json.loads(out)}
 
@@ -43,15 +44,17 @@ def model_path(model: str) -> Path:
     return resolve_model(model)
 
 
-def run_native(binary: Path, model: str, p: str, n: str, threads: str, reps: int) -> dict[tuple, float]:
+def run_native(
+    binary: Path, model: str, p: str, n: str, threads: str, reps: int, depth: int = 0
+) -> dict[tuple, float]:
     """The reference's llama-bench on the same tests, one llama-bench process per test."""
     path = model_path(model)
     out = {}
     for t in [int(x) for x in threads.split(",") if x]:
         for pp in [int(x) for x in p.split(",") if x and int(x)]:
-            out[(t, pp, 0)] = run_bench(binary, path, pp, 0, t, reps).avg_ts
+            out[(t, pp, 0)] = run_bench(binary, path, pp, 0, t, reps, depth).avg_ts
         for g in [int(x) for x in n.split(",") if x and int(x)]:
-            out[(t, 0, g)] = run_bench(binary, path, 0, g, t, reps).avg_ts
+            out[(t, 0, g)] = run_bench(binary, path, 0, g, t, reps, depth).avg_ts
     return out
 
 
@@ -66,6 +69,7 @@ def main() -> None:
     ap.add_argument("-p", default="512")
     ap.add_argument("-n", default="128")
     ap.add_argument("-t", default="1,2")
+    ap.add_argument("-d", type=int, default=0, help="tokens already in the cache (both sides)")
     ap.add_argument("-r", type=int, default=2, help="repetitions inside each bench process")
     ap.add_argument("--rounds", type=int, default=3)
     for side in ("a", "b"):
@@ -103,17 +107,17 @@ def main() -> None:
             order = ("a", "b") if rnd % 2 == 0 else ("b", "a")
             for side in order:
                 if side == "a" and native is not None:
-                    got = run_native(native, model, args.p, args.n, args.t, args.r)
+                    got = run_native(native, model, args.p, args.n, args.t, args.r, args.d)
                 else:
                     tree = a if side == "a" else b
-                    got = run_tree(tree, model, args.p, args.n, args.t, args.r, envs[side])
+                    got = run_tree(tree, model, args.p, args.n, args.t, args.r, envs[side], args.d)
                 for key, ts in got.items():
                     samples[side].setdefault(key, []).append(ts)
         for key in sorted(samples["a"]):
             t, p, n = key
             sa, sb = samples["a"][key], samples["b"][key]
             ratios = [y / x for x, y in zip(sa, sb, strict=True)]
-            label = f"pp{p}" if p else f"tg{n}"
+            label = (f"pp{p}" if p else f"tg{n}") + (f" @ d{args.d}" if args.d else "")
             print(
                 f"| {model} | {t} | {label} | {statistics.median(sa):.1f} | {statistics.median(sb):.1f} | "
                 f"{' '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f} |"

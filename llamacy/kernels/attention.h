@@ -557,16 +557,19 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
 }
 #endif
 
-/* Rows [row0, row1) of K or V (clipped to n) requested into L1, when stream. Decoding deep into a context
+/* Rows [row0, row1) of K or V (clipped to n) requested into L2, when stream. Decoding deep into a context
  * reads the rows from memory, and the hardware prefetchers, which follow the grouped kernel's reads (8 K
  * rows a step; V a line of every row of a block per 32 columns), left it at a third of the read
- * bandwidth; asked for a few steps ahead, the rows arrive while the step before them computes. A prompt's
- * tokens find the rows in cache (each reads the rows the token before it read), and there the requests
- * only cost: Gemma 3's prompt attention took 1.12x the time with them. */
+ * bandwidth; asked for a few steps ahead, the rows arrive while the step before them computes. Into L2,
+ * not L1: on the AMD EPYC (Zen 4) one thread's decode attention over f16 rows at depth 4000 (head_dim 256,
+ * groups of 4) took half the time that way (with V in blocks of LC_ATT_VBLOCK_STREAM_BYTES), 0.8-0.9x at
+ * head_dim 64 (benchmarks/bench_attention.py); requests into L1, a few dozen lines at a time, held the
+ * kernel's own loads up. A prompt's tokens find the rows in cache (each reads the rows the token before
+ * it read), and there the requests only cost: Gemma 3's prompt attention took 1.12x the time with them. */
 LC_ATT_INLINE void lc_att_prefetch_rows(int stream, const void *base, ptrdiff_t row0, ptrdiff_t row1,
                                         ptrdiff_t n, ptrdiff_t rb) {
     if (stream && row1 > n) row1 = n;
-    if (stream && row1 > row0) lc_prefetch_span((const char *)base + row0 * rb, (row1 - row0) * rb);
+    if (stream && row1 > row0) lc_prefetch_span_l2((const char *)base + row0 * rb, (row1 - row0) * rb);
 }
 
 /* K rows ahead of the scores step that reads them (four steps of 8; two measured slower at head_dim 64
@@ -574,9 +577,13 @@ LC_ATT_INLINE void lc_att_prefetch_rows(int stream, const void *base, ptrdiff_t 
 #define LC_ATT_PF_KROWS 32
 
 /* Up to LC_ATT_GROUP_MAX heads per pass of the grouped kernel (their 1 / sum kept in an array); larger groups
- * take several passes. Its V rows go in blocks of about LC_ATT_VBLOCK_BYTES, re-read from L1 by each head. */
+ * take several passes. Its V rows go in blocks of about LC_ATT_VBLOCK_BYTES, re-read from L1 by each head;
+ * when they stream from memory, in smaller blocks, so that each block's requests (the next block's rows)
+ * come in smaller bursts: 16 KB bursts took 1.4-1.7x the time of 4 KB ones at head_dim 128-256. The blocks
+ * do not change the sums (see lc_att_values_acc). */
 #define LC_ATT_GROUP_MAX 16
 #define LC_ATT_VBLOCK_BYTES 16384
+#define LC_ATT_VBLOCK_STREAM_BYTES 4096
 
 /* G <= LC_ATT_GROUP_MAX query heads over one KV head (G = 1 included): head g reads q + g * hd, writes
  * out + g * hd and uses scores + g * ss (ss >= last + 1), scores[first..last] its softmax weights. The heads
@@ -598,7 +605,8 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
                                         float *scores, ptrdiff_t ss, float *out, int stream, int fmt) {
 #if LC_ATT_SIMD
     const ptrdiff_t n = last + 1, rb = lc_kv_row_bytes(fmt, hd);
-    const ptrdiff_t fit = LC_ATT_VBLOCK_BYTES / rb, vrows = fit > 8 ? fit : 8;
+    const ptrdiff_t vbytes = stream ? LC_ATT_VBLOCK_STREAM_BYTES : LC_ATT_VBLOCK_BYTES;
+    const ptrdiff_t fit = vbytes / rb, vrows = fit > 8 ? fit : 8;
     float inv[LC_ATT_GROUP_MAX];
     /* the sums (and a quantized row's scores) of heads four at a time, then two, then one */
     const ptrdiff_t G4 = hd % 32 == 0 ? G / 4 * 4 : 0;

@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
+"""Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
 matmul512_x8.pxi).
 
 The tiles must give the very bits the stored rows give, on every path (decode, few tokens, prompt chunks)
@@ -26,6 +26,7 @@ from llamacy.model.repack import (
     LAYOUT_Q4_0_X8,
     LAYOUT_Q4_1_X8,
     LAYOUT_Q4_K_X8,
+    LAYOUT_Q5_0_X8,
     LAYOUT_Q6_K_X8,
     LAYOUT_Q8_0_X8,
     LAYOUT_STORED,
@@ -39,8 +40,11 @@ LAYOUT = {
     QT.Q4_K: LAYOUT_Q4_K_X8,
     QT.Q8_0: LAYOUT_Q8_0_X8,
     QT.Q6_K: LAYOUT_Q6_K_X8,
+    QT.Q5_0: LAYOUT_Q5_0_X8,
 }
-TYPES = pytest.mark.parametrize("wtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name)
+TYPES = pytest.mark.parametrize(
+    "wtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name
+)
 
 
 def _quantized(wtype: QT, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -69,6 +73,24 @@ def _q8_0_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     scales = blocks[:, :, :, 0:2].transpose(0, 2, 1, 3).reshape(rows // 8, nb, 16)
     quants = (blocks[:, :, :, 2:] ^ 0x80).reshape(rows // 8, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4)
     return np.concatenate([scales, quants.reshape(rows // 8, nb, 256)], axis=2).reshape(-1)
+
+
+def _q5_0_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Q5_0's layout as stated in matmul512_x8.pxi (x8rec_q5): per 8 rows and block, the 8 fp16 scales; then
+    h[g] for g < 8, 32 bits: bit 4r+i is bit 4g+i of row r's qh; then the nibbles as Q4_0's."""
+    nb = cols // 32
+    blocks = raw.reshape(rows // 8, 8, nb, 22).transpose(0, 2, 1, 3)  # [tile, block, row, bytes]
+    qh = blocks[..., 2:6].copy().view("<u4")[..., 0].astype(np.uint64)  # [tile, block, row]
+    g = np.arange(8, dtype=np.uint64)
+    nib = (qh[..., None, :] >> (4 * g)[:, None]) & 0xF  # [tile, block, g, row]
+    h = (nib << (4 * np.arange(8, dtype=np.uint64))).sum(axis=-1).astype("<u4")  # [tile, block, g]
+    quants = blocks[..., 6:].reshape(rows // 8, nb, 8, 4, 4).transpose(0, 1, 3, 2, 4)
+    parts = [
+        blocks[..., 0:2].reshape(rows // 8, nb, 16),
+        h.view(np.uint8).reshape(rows // 8, nb, 32),
+        quants.reshape(rows // 8, nb, 128),
+    ]
+    return np.concatenate(parts, axis=2).reshape(-1)
 
 
 def _scales_mins_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -127,6 +149,9 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
     elif wtype == QT.Q8_0:
         assert tiles.nbytes == raw.nbytes
         np.testing.assert_array_equal(tiles, _q8_0_tiles(raw, rows, cols))
+    elif wtype == QT.Q5_0:
+        assert tiles.nbytes == raw.nbytes
+        np.testing.assert_array_equal(tiles, _q5_0_tiles(raw, rows, cols))
     elif wtype == QT.Q6_K:
         assert tiles.nbytes == raw.nbytes
         np.testing.assert_array_equal(tiles, _q6_k_tiles(raw, rows, cols))
@@ -138,7 +163,8 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
 def test_shapes_that_do_not_tile_are_refused():
     raw = _quantized(QT.Q4_0, 12, 64)
     assert rp.tile_layout(int(QT.Q4_0), 12, 64) == LAYOUT_STORED
-    assert rp.tile_layout(int(QT.Q5_0), 16, 64) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q5_0), 12, 64) == LAYOUT_STORED
+    assert rp.tile_layout(int(QT.Q5_1), 16, 64) == LAYOUT_STORED
     assert rp.tile_layout(int(QT.Q8_0), 12, 64) == LAYOUT_STORED
     assert rp.tile_layout(int(QT.Q4_K), 16, 128) == LAYOUT_STORED
     assert rp.tile_layout(int(QT.Q6_K), 16, 128) == LAYOUT_STORED
@@ -246,13 +272,14 @@ def test_repack_off_by_environment(monkeypatch):
         (QT.Q4_0, True),
         (QT.Q4_0, False),
         (QT.Q4_1, False),
+        (QT.Q5_0, False),
         (QT.Q4_K, False),
         (QT.Q8_0, False),
         (QT.Q6_K, True),
     ],
 )
 def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied):
-    """A Q4_0 / Q4_1 / Q4_K / Q8_0 / Q6_K model loaded repacked and as stored: the same logits bit for bit,
+    """A Q4_0 / Q4_1 / Q5_0 / Q4_K / Q8_0 / Q6_K model loaded repacked and as stored: the same logits bit for bit,
     whole prompt, micro-batches and one token at a time, 1 and 2 threads; its layer matrices and its output
     head are tiles (a tied head too: its own copy), its token embeddings rows."""
     wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q6_K) else {}
@@ -283,7 +310,8 @@ def _greedy_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
 
 @needs_tiles
 @pytest.mark.parametrize(
-    ("wtype", "share"), [(QT.Q4_0, 0.0), (QT.Q8_0, 0.0), (QT.Q4_K, 0.0), (QT.Q6_K, 0.0), (QT.Q8_0, 1.0)]
+    ("wtype", "share"),
+    [(QT.Q4_0, 0.0), (QT.Q5_0, 0.0), (QT.Q8_0, 0.0), (QT.Q4_K, 0.0), (QT.Q6_K, 0.0), (QT.Q8_0, 1.0)],
 )
 def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype, share):
     """Repacked between evaluations (the default): the prompt runs on the stored rows with nothing packed,
@@ -418,6 +446,8 @@ def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
         (QT.Q4_1, 2056, 2048),
         (QT.Q4_0, 64, 32),
         (QT.Q8_0, 1032, 1024),
+        (QT.Q5_0, 40, 160),
+        (QT.Q6_K, 16, 256),
     ]
     raws = [_quantized(w, r, c, seed=i) for i, (w, r, c) in enumerate(shapes)]
     assert raws[3].nbytes > 2 * 2**20  # three pieces
@@ -439,7 +469,7 @@ def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
         np.testing.assert_array_equal(np.asarray(mapped), np.concatenate([r.reshape(-1) for r in raws]))
     assert rp.repack_many([], 2) == []
     with pytest.raises(ValueError, match="does not tile"):  # checked before any work
-        rp.repack_many([(int(QT.Q4_0), raws[0], 8, 64, False), (int(QT.Q5_0), raws[0], 8, 64, False)])
+        rp.repack_many([(int(QT.Q4_0), raws[0], 8, 64, False), (int(QT.Q5_1), raws[0], 8, 64, False)])
 
 
 def _vma_flags(addr: int) -> list[str]:
@@ -484,7 +514,8 @@ def test_tile_arena_is_one_block_on_huge_pages():
     for (w, r, c), raw, d, (tiles, layout) in zip(shapes, raws, dst, got, strict=True):
         assert tiles is d and layout == LAYOUT[w]
         np.testing.assert_array_equal(tiles, rp.repack_tiles(int(w), raw, r, c, 1)[0])
-    assert rp.tiled_bytes(int(QT.Q5_0), 8, 64) == 0
+    assert rp.tiled_bytes(int(QT.Q5_0), 8, 64) == 8 * 2 * 22
+    assert rp.tiled_bytes(int(QT.Q5_1), 8, 64) == 0
     with pytest.raises(ValueError, match="do not match"):
         rp.repack_many(items, 1, [dst[0], dst[1], dst[1]])
 

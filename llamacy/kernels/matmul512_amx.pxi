@@ -174,11 +174,16 @@ cdef inline void amx_klanes_runs(const klblock* tag, const lc_kamxrec* abuf, Py_
 cdef void x8_expand_lanes(const x8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, lanerec* dst) noexcept nogil:
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
     cdef __m256i p
+    cdef __m256i wq[8]
     cdef Py_ssize_t i
     cdef int g
     for i in range(ntiles * nb):
         if x8any is x8rec_q8:  # already unsigned (q + 128), as repack_lanes makes them
             memcpy(dst[i].q, rec[i].q, sizeof(rec[i].q))
+        elif x8any is x8rec_q5:
+            x8q5_quants(&rec[i], wq)
+            for g in range(8):
+                _mm256_storeu_si256(<__m256i*>dst[i].q[g], wq[g])
         else:
             for g in range(4):
                 p = _mm256_loadu_si256(<const __m256i*>rec[i].q[g])
@@ -189,7 +194,7 @@ cdef void x8_expand_lanes(const x8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, la
             _mm256_storeu_ps(dst[i].m, _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[i].m)))
 
 
-# Q4_0, Q4_1, Q8_0 repacked at load (x8rec, x8rec_min, x8rec_q8 tiles; rows a multiple of 8): as amx_lanes,
+# Q4_0, Q4_1, Q5_0, Q8_0 repacked at load (x8rec, x8rec_min, x8rec_q5, x8rec_q8 tiles; rows a multiple of 8): as amx_lanes,
 # the records expanded from the tiles.
 cdef Py_ssize_t amx_x8(const x8any* rec, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                        float* Y, Py_ssize_t ldy) noexcept nogil:
@@ -201,6 +206,7 @@ cdef Py_ssize_t amx_x8(const x8any* rec, Py_ssize_t rows, Py_ssize_t nb, const b
     cdef const block_q4_0* q4_0 = NULL
     cdef const block_q4_1* q4_1 = NULL
     cdef const block_q8_0* q8_0 = NULL
+    cdef const block_q5_0* q5_0 = NULL
     if npairs == 0:
         return 0
     tmp = <lanerec*>lc_scratch(2 * nb * sizeof(lanerec) + AMX_PAIRS * nb * sizeof(lc_amxrec))
@@ -217,6 +223,8 @@ cdef Py_ssize_t amx_x8(const x8any* rec, Py_ssize_t rows, Py_ssize_t nb, const b
                 amx_pack_lanes(q4_0, tmp, tmp + nb, nb, abuf + p * nb)
             elif x8any is x8rec_q8:
                 amx_pack_lanes(q8_0, tmp, tmp + nb, nb, abuf + p * nb)
+            elif x8any is x8rec_q5:
+                amx_pack_lanes(q5_0, tmp, tmp + nb, nb, abuf + p * nb)
             else:
                 amx_pack_lanes(q4_1, tmp, tmp + nb, nb, abuf + p * nb)
         t = 0

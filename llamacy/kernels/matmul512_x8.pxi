@@ -1,4 +1,4 @@
-# Q4_0, Q4_1, Q8_0 and Q4_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
+# Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights repacked once, at load, into 8-row tiles (kernels/repack.pyx writes them,
 # model/repack.py decides which): the VNNI products that read them. Included by matmul512.pyx, whose types
 # and the row-lane helpers of matmul512_lanes.pxi and matmul512_klanes.pxi it uses.
 #
@@ -41,10 +41,47 @@ ctypedef struct x8rec_q8:
     uint16_t d[LR]
     uint8_t q[8][32]
 
+# Q5_0's block of 8 rows: as x8rec, with the rows' fifth bits regrouped between the scales and the nibbles:
+# bit 4r+i of h[g] is row r's fifth bit of the value whose low four bits wq[g] holds in byte 4r+i (g < 4:
+# value 4g+i, from the low nibbles; g >= 4: value 16+4(g-4)+i, from the high ones), which is bit 4g+i of the
+# row's stored qh. So one masked byte add per group makes lanes_tile's unsigned quants (load_u: q + 16),
+# where the stored blocks take a 32-bit spread of qh per row and block. 176 bytes, 8 stored blocks' worth.
+ctypedef struct x8rec_q5:
+    uint16_t d[LR]
+    uint32_t h[8]
+    uint8_t q[4][32]
+
 ctypedef fused x8any:
     x8rec
     x8rec_min
     x8rec_q8
+    x8rec_q5
+
+
+# A Q5_0 tile block's unsigned quants (q + 16, load_u's) for dpbusd: wq[g] as lanes_tile's.
+cdef inline void x8q5_quants(const x8rec_q5* rec, __m256i* wq) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i c16 = _mm256_set1_epi8(0x10)
+    cdef __m256i p, lo, hi
+    cdef int g
+    for g in range(4):
+        p = _mm256_loadu_si256(<const __m256i*>rec.q[g])
+        lo = _mm256_and_si256(p, m4)
+        hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
+        wq[g] = _mm256_mask_add_epi8(lo, rec.h[g], lo, c16)
+        wq[g + 4] = _mm256_mask_add_epi8(hi, rec.h[g + 4], hi, c16)
+
+
+# The offset of a tile type's unsigned quants (lane_offset's): 8 (Q4_0), 16 (Q5_0), 128 (Q8_0), 0 (Q4_1).
+cdef inline int x8_offset(const x8any* tag) noexcept nogil:
+    if x8any is x8rec:
+        return 8
+    elif x8any is x8rec_q5:
+        return 16
+    elif x8any is x8rec_q8:
+        return 128
+    else:
+        return 0
 
 
 # One tile of the 8 rows of records rec x T tokens from y (nb blocks apart; sums: their seeds, or NULL to
@@ -83,6 +120,8 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
         if x8any is x8rec_q8:
             for g in range(8):
                 wq[g] = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
+        elif x8any is x8rec_q5:
+            x8q5_quants(&rec[b], wq)
         else:
             for g in range(4):
                 p = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
@@ -99,7 +138,7 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
             elif sums != NULL:
                 seed = sums[t * nb + b]
             else:
-                seed = -(128 if x8any is x8rec_q8 else 8) * hsum8_epi32(
+                seed = -x8_offset(rec) * hsum8_epi32(
                     _mm256_dpbusd_epi32(zero, ones, _mm256_loadu_si256(<const __m256i*>xq)))
             lo = _mm256_set1_epi32(seed)
             hi = zero
@@ -159,11 +198,13 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
         rows -= done
         ntiles = rows // LR
         Y += done
-    if x8any is x8rec or x8any is x8rec_q8:
+    if x8any is x8rec or x8any is x8rec_q8 or x8any is x8rec_q5:
         sums = <int32_t*>lc_scratch(n_tok * nb * sizeof(int32_t))
         if sums != NULL:
             if x8any is x8rec:
                 token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
+            elif x8any is x8rec_q5:
+                token_sums(<const block_q5_0*>NULL, X, n_tok * nb, sums)
             else:
                 token_sums(<const block_q8_0*>NULL, X, n_tok * nb, sums)
     if n_tok <= TCH:
@@ -193,6 +234,8 @@ cdef inline void x16_tokens(const x8any* rec, const block_q8a* X, const int32_t*
         lc_x16_q4_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
     elif x8any is x8rec_min:
         lc_x16_q4_1(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
+    elif x8any is x8rec_q5:
+        lc_x16_q5_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
     else:
         lc_x16_q8_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
 
@@ -210,6 +253,11 @@ cdef int mm512_q4_1_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const vo
 cdef int mm512_q8_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
                        float* Y, Py_ssize_t ldy) noexcept nogil:
     return x8_product(<const x8rec_q8*>W, rows, cols, <const block_q8a*>X, n_tok, Y, ldy)
+
+
+cdef int mm512_q5_0_x8(const void* W, Py_ssize_t rows, Py_ssize_t cols, const void* X, Py_ssize_t n_tok,
+                       float* Y, Py_ssize_t ldy) noexcept nogil:
+    return x8_product(<const x8rec_q5*>W, rows, cols, <const block_q8a*>X, n_tok, Y, ldy)
 
 
 # ---- Q4_K

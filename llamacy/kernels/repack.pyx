@@ -2,18 +2,20 @@
 # which): 8-row tiles, one per quantized type that has a tile kernel (matmul512_x8.pxi states each layout;
 # tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
 # blocks' bytes, so tile i starts where row 8i did; Q4_1 likewise, 160 bytes (its mins beside the scales).
-# Q8_0: 272 bytes per 8 rows x 32 values, the quants made unsigned (q + 128, what dpbusd takes).
+# Q8_0: 272 bytes per 8 rows x 32 values, the quants made unsigned (q + 128, what dpbusd takes). Q5_0: 176
+# bytes per 8 rows x 32 values (the 8 stored blocks' bytes): the scales, the fifth bits regrouped into one
+# 32-bit byte mask per group of 4 values, the nibbles as Q4_0's.
 # Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes). Q6_K:
 # 1680 bytes per 8 rows x 256 values, the stored size (quant bytes interleaved 4 at a time, as Q4_K's).
 from libc.stdint cimport int64_t, uint8_t, uint32_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
 
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K, T_Q8_0
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q6_K, T_Q8_0
 from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, LAYOUT_Q6_K_X8 as _Q6_K_X8,
-    LAYOUT_Q8_0_X8 as _Q8_0_X8,
+    LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, LAYOUT_Q5_0_X8 as _Q5_0_X8,
+    LAYOUT_Q6_K_X8 as _Q6_K_X8, LAYOUT_Q8_0_X8 as _Q8_0_X8,
     layout_row_bytes,
 )
 from llamacy.kernels.values cimport scale_min_k4
@@ -29,12 +31,17 @@ LAYOUT_Q4_K_X8 = _Q4_K_X8
 LAYOUT_Q4_1_X8 = _Q4_1_X8
 LAYOUT_Q8_0_X8 = _Q8_0_X8
 LAYOUT_Q6_K_X8 = _Q6_K_X8
+LAYOUT_Q5_0_X8 = _Q5_0_X8
 
 cdef enum:
     TILE_ROWS = 8
     Q4_0_BYTES = 18    # fp16 scale, 16 bytes of nibbles (values j and j + 16 in byte j)
     Q4_1_BYTES = 20    # fp16 scale, fp16 min, 16 bytes of nibbles
     Q8_0_BYTES = 34    # fp16 scale, 32 int8 quants
+    Q5_0_BYTES = 22    # fp16 scale, 4 bytes of fifth bits (bit j: value j's), 16 bytes of nibbles as Q4_0's
+    Q5_0_TILE = 176    # x8rec_q5: d 16, h 32, q 128
+    Q5_0_H = 16
+    Q5_0_Q = 48
     Q4_K_BYTES = 144   # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
     Q4_K_TILE = 1184   # kx8rec: q 1024, sc 64, mn 64, d 16, dmin 16
     Q4_K_SC = 1024
@@ -55,7 +62,8 @@ ctypedef struct PackJob:
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
     int has_min            # Q4_1: an fp16 min after each block's scale
-    int k_quant            # 4: Q4_K (_pack_q4_k); 6: Q6_K (_pack_q6_k); 0: Q4_0 / Q4_1 / Q8_0 (_pack_legacy)
+    int k_quant            # 4: Q4_K (_pack_q4_k); 6: Q6_K (_pack_q6_k); 5: Q5_0 (_pack_q5_0); 0: Q4_0 / Q4_1 /
+                           # Q8_0 (_pack_legacy)
     int groups             # _pack_legacy: 4-byte groups of quants per block (Q4_0 and Q4_1 4, Q8_0 8)
     uint32_t flip          # _pack_legacy: xor on every 4 quant bytes (Q8_0: 0x80808080, q + 128)
 
@@ -91,6 +99,31 @@ cdef void _pack_legacy(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
                 if j.has_min:
                     memcpy(rec + 16 + 2 * r, row + 2, 2)
                 _spread(rec + quants, row + head, j.groups, r, j.flip)
+
+
+cdef void _pack_q5_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """Row tiles begin..end-1 of Q5_0: per block, the 8 scales; then h[g], g < 8: bit 4r+i is bit 4g+i of
+    row r's qh (the fifth bit of the value whose low bits dpbusd group g takes in byte 4r+i); then the
+    nibbles as Q4_0's."""
+    cdef PackJob* j = <PackJob*> ctx
+    cdef Py_ssize_t i, b, r, g
+    cdef uint32_t qh
+    cdef uint32_t h[8]
+    cdef const uint8_t* row
+    cdef uint8_t* rec
+    for i in range(begin, end):
+        for b in range(j.nb):
+            rec = j.dst + (i * j.nb + b) * Q5_0_TILE
+            for g in range(8):
+                h[g] = 0
+            for r in range(TILE_ROWS):
+                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q5_0_BYTES
+                memcpy(rec + 2 * r, row, 2)
+                memcpy(&qh, row + 2, 4)
+                for g in range(8):
+                    h[g] |= ((qh >> (4 * g)) & 0xF) << (4 * r)
+                _spread(rec + Q5_0_Q, row + 6, 4, r, 0)
+            memcpy(rec + Q5_0_H, h, 32)
 
 
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -148,6 +181,8 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
         return LAYOUT_Q8_0_X8
     if wtype == T_Q6_K and cols % 256 == 0:
         return LAYOUT_Q6_K_X8
+    if wtype == T_Q5_0 and cols % 32 == 0:
+        return LAYOUT_Q5_0_X8
     return LAYOUT_STORED
 
 
@@ -200,6 +235,8 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
             _pack_q4_k(j, pc.t0, pc.t1, tid)
         elif j.k_quant == 6:
             _pack_q6_k(j, pc.t0, pc.t1, tid)
+        elif j.k_quant == 5:
+            _pack_q5_0(j, pc.t0, pc.t1, tid)
         else:
             _pack_legacy(j, pc.t0, pc.t1, tid)
         if pc.rel and m.page > 0:
@@ -222,7 +259,7 @@ def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
         raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
     nb = cols // 256 if layout in (LAYOUT_Q4_K_X8, LAYOUT_Q6_K_X8) else cols // 32
     row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES, LAYOUT_Q8_0_X8: Q8_0_BYTES,
-                      LAYOUT_Q4_K_X8: Q4_K_BYTES, LAYOUT_Q6_K_X8: Q6_K_BYTES}[layout]
+                      LAYOUT_Q4_K_X8: Q4_K_BYTES, LAYOUT_Q6_K_X8: Q6_K_BYTES, LAYOUT_Q5_0_X8: Q5_0_BYTES}[layout]
     src = _bytes_of(data)
     if src.shape[0] < rows * row_bytes:
         raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {row_bytes}")
@@ -310,7 +347,7 @@ def repack_many(items, int nthreads=1, outs=None):
             jobs[i].nb = nb
             jobs[i].row_bytes = row_bytes
             jobs[i].has_min = layout == LAYOUT_Q4_1_X8
-            jobs[i].k_quant = 4 if layout == LAYOUT_Q4_K_X8 else 6 if layout == LAYOUT_Q6_K_X8 else 0
+            jobs[i].k_quant = {LAYOUT_Q4_K_X8: 4, LAYOUT_Q6_K_X8: 6, LAYOUT_Q5_0_X8: 5}.get(layout, 0)
             jobs[i].groups = 8 if layout == LAYOUT_Q8_0_X8 else 4
             jobs[i].flip = 0x80808080u if layout == LAYOUT_Q8_0_X8 else 0
             total = items[i][2] // TILE_ROWS

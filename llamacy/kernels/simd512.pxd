@@ -17,6 +17,9 @@ cdef extern from "simd512.h" nogil:
 
     # AVX512BW + AVX512VL: int16 lanes of a picked by the int16 lanes of idx (across the 128-bit halves).
     __m256i _mm256_permutexvar_epi16(__m256i idx, __m256i a)
+    # AVX512BW + AVX512VL: a + b in the bytes whose bit of k is set, src's byte elsewhere.
+    ctypedef unsigned int __mmask32
+    __m256i _mm256_mask_add_epi8(__m256i src, __mmask32 k, __m256i a, __m256i b)
 
     # Make the compiler read the floats at p back from memory from here on (see simd512.h).
     void lc_spill(const float* p)

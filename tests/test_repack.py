@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
+"""Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K weights repacked at load into 8-row tiles (kernels/repack.pyx, model/repack.py,
 matmul512_x8.pxi).
 
 The tiles must give the very bits the stored rows give, on every path (decode, few tokens, prompt chunks)
@@ -27,6 +27,7 @@ from llamacy.model.repack import (
     LAYOUT_Q4_1_X8,
     LAYOUT_Q4_K_X8,
     LAYOUT_Q5_0_X8,
+    LAYOUT_Q5_K_X8,
     LAYOUT_Q6_K_X8,
     LAYOUT_Q8_0_X8,
     LAYOUT_STORED,
@@ -41,9 +42,10 @@ LAYOUT = {
     QT.Q8_0: LAYOUT_Q8_0_X8,
     QT.Q6_K: LAYOUT_Q6_K_X8,
     QT.Q5_0: LAYOUT_Q5_0_X8,
+    QT.Q5_K: LAYOUT_Q5_K_X8,
 }
 TYPES = pytest.mark.parametrize(
-    "wtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name
+    "wtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name
 )
 
 
@@ -101,12 +103,15 @@ def _scales_mins_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.uint8), mn.astype(np.uint8)
 
 
-def _q4_k_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+def _q4_k_tiles(raw: np.ndarray, rows: int, cols: int, q5: bool = False) -> np.ndarray:
     """Q4_K's layout as stated in matmul512_x8.pxi (kx8rec): per 8 rows and super-block, q[k][g] = the 8
-    rows' qs bytes 32k+4g..32k+4g+3 side by side; sc[j][r]; mn[k] = (min 2k, min 2k+1) per row; d; dmin."""
+    rows' qs bytes 32k+4g..32k+4g+3 side by side; sc[j][r]; mn[k] = (min 2k, min 2k+1) per row; d; dmin.
+    Q5_K's (kx8rec5, q5): the same from its blocks, then h[k][half][g], 32 bits: bit 4r+i is bit 2k+half of
+    row r's qh byte 4g+i."""
     nb = cols // 256
-    blocks = raw.reshape(rows // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # [tile, block, row, bytes]
-    q = blocks[..., 16:].reshape(rows // 8, nb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    size, qs = (176, 48) if q5 else (144, 16)
+    blocks = raw.reshape(rows // 8, 8, nb, size).transpose(0, 2, 1, 3)  # [tile, block, row, bytes]
+    q = blocks[..., qs:].reshape(rows // 8, nb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
     sc, mn = _scales_mins_k4(blocks[..., 4:16])  # [tile, block, row, 8]
     mn_pairs = mn.reshape(rows // 8, nb, 8, 4, 2).transpose(0, 1, 3, 2, 4)
     parts = [
@@ -116,6 +121,21 @@ def _q4_k_tiles(raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
         blocks[..., 0:2].reshape(rows // 8, nb, 16),
         blocks[..., 2:4].reshape(rows // 8, nb, 16),
     ]
+    if q5:
+        qh = blocks[..., 16:48].reshape(rows // 8, nb, 8, 8, 4).astype(np.uint64)  # [tile, block, row, g, i]
+        shift = (4 * np.arange(8, dtype=np.uint64))[:, None, None] + np.arange(
+            4, dtype=np.uint64
+        )  # [row, 1, i]
+        h = np.stack(
+            [
+                np.stack(
+                    [(((qh >> np.uint64(2 * k + half)) & 1) << shift).sum(axis=(2, 4)) for half in (0, 1)], 2
+                )
+                for k in range(4)
+            ],
+            2,
+        )  # [tile, block, k, half, g]
+        parts.append(h.astype("<u4").view(np.uint8).reshape(rows // 8, nb, 256))
     return np.concatenate(parts, axis=2).reshape(-1)
 
 
@@ -152,6 +172,9 @@ def test_layout_is_the_stated_one(wtype, rows, cols):
     elif wtype == QT.Q5_0:
         assert tiles.nbytes == raw.nbytes
         np.testing.assert_array_equal(tiles, _q5_0_tiles(raw, rows, cols))
+    elif wtype == QT.Q5_K:
+        assert tiles.nbytes == rows * cols // 256 * 180
+        np.testing.assert_array_equal(tiles, _q4_k_tiles(raw, rows, cols, q5=True))
     elif wtype == QT.Q6_K:
         assert tiles.nbytes == raw.nbytes
         np.testing.assert_array_equal(tiles, _q6_k_tiles(raw, rows, cols))
@@ -230,7 +253,7 @@ def test_tile_product_checks_its_operands():
     with pytest.raises(ValueError, match="tiles"):
         mm.matmul_tiled_py(tiles, LAYOUT_Q4_K_X8, 16, x)
     with pytest.raises(ValueError, match="layout"):
-        mm.matmul_tiled_py(tiles, 7, 16, x)
+        mm.matmul_tiled_py(tiles, 8, 16, x)
 
 
 def _layouts(llm) -> dict[str, int]:
@@ -274,15 +297,16 @@ def test_repack_off_by_environment(monkeypatch):
         (QT.Q4_1, False),
         (QT.Q5_0, False),
         (QT.Q4_K, False),
+        (QT.Q5_K, False),
         (QT.Q8_0, False),
         (QT.Q6_K, True),
     ],
 )
 def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied):
-    """A Q4_0 / Q4_1 / Q5_0 / Q4_K / Q8_0 / Q6_K model loaded repacked and as stored: the same logits bit for bit,
+    """A Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q8_0 / Q6_K model loaded repacked and as stored: the same logits bit for bit,
     whole prompt, micro-batches and one token at a time, 1 and 2 threads; its layer matrices and its output
     head are tiles (a tied head too: its own copy), its token embeddings rows."""
-    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q6_K) else {}
+    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, tie_embeddings=tied, **wide)
     ids = np.random.default_rng(3).integers(0, 300, 40).tolist()
     monkeypatch.setenv("LLAMACY_REPACK", "0")
@@ -311,14 +335,22 @@ def _greedy_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
 @needs_tiles
 @pytest.mark.parametrize(
     ("wtype", "share"),
-    [(QT.Q4_0, 0.0), (QT.Q5_0, 0.0), (QT.Q8_0, 0.0), (QT.Q4_K, 0.0), (QT.Q6_K, 0.0), (QT.Q8_0, 1.0)],
+    [
+        (QT.Q4_0, 0.0),
+        (QT.Q5_0, 0.0),
+        (QT.Q8_0, 0.0),
+        (QT.Q4_K, 0.0),
+        (QT.Q5_K, 0.0),
+        (QT.Q6_K, 0.0),
+        (QT.Q8_0, 1.0),
+    ],
 )
 def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype, share):
     """Repacked between evaluations (the default): the prompt runs on the stored rows with nothing packed,
     later steps swap matrices in (share 0: one a step; 1: as long as the last step took), and every step's
     logits are the bits of a model repacked at load; at the end every matrix is a tile, as at load."""
     monkeypatch.setattr(Model, "REPACK_SHARE", share)
-    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q6_K) else {}
+    wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, tie_embeddings=False, **wide)
     prompt = np.random.default_rng(5).integers(0, 300, 24).tolist()
     at_load = Llama(path, n_threads=2, kv_type="f32", repack="load")
@@ -448,6 +480,7 @@ def test_repack_many_is_repack_tiles_matrix_by_matrix(tmp_path):
         (QT.Q8_0, 1032, 1024),
         (QT.Q5_0, 40, 160),
         (QT.Q6_K, 16, 256),
+        (QT.Q5_K, 24, 512),
     ]
     raws = [_quantized(w, r, c, seed=i) for i, (w, r, c) in enumerate(shapes)]
     assert raws[3].nbytes > 2 * 2**20  # three pieces

@@ -22,10 +22,10 @@ from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
 from llamacy.kernels.simd cimport HAVE_SIMD
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q6_K, T_Q8_0
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_K, T_Q6_K, T_Q8_0
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8, N_LAYOUTS,
-    layout_row_bytes, layout_slot, mm_try_fn,
+    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q5_K_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8,
+    N_LAYOUTS, layout_row_bytes, layout_slot, mm_try_fn,
     traits_row_bytes, type_traits, type_traits_of, unknown_type, vec_dot_fn,
 )
 
@@ -390,7 +390,8 @@ def matmul_tiled_py(W_tiles, int layout, Py_ssize_t rows, x, int nthreads=1):
     if not tiles_available():
         raise ValueError(f"8-row tiles need the AVX-512 VNNI kernels: {AVX512_STATUS}")
     cdef int wtype = {LAYOUT_Q4_0_X8: T_Q4_0, LAYOUT_Q4_1_X8: T_Q4_1, LAYOUT_Q4_K_X8: T_Q4_K,
-                      LAYOUT_Q6_K_X8: T_Q6_K, LAYOUT_Q8_0_X8: T_Q8_0, LAYOUT_Q5_0_X8: T_Q5_0}.get(layout, -1)
+                      LAYOUT_Q6_K_X8: T_Q6_K, LAYOUT_Q8_0_X8: T_Q8_0, LAYOUT_Q5_0_X8: T_Q5_0,
+                      LAYOUT_Q5_K_X8: T_Q5_K}.get(layout, -1)
     if wtype < 0:
         raise ValueError(f"unknown tile layout {layout}")
     xa = _activations(x)

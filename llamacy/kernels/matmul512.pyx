@@ -27,9 +27,9 @@
 #   - Q4_K, Q5_K and Q6_K (matmul512_klanes.pxi) the same way: 8 rows repacked per super-block, one dpbusd
 #     per 4 values of 8 rows, one vpmulld per sub-block for the 8 rows' scales; prefill ~1.6-1.9x the
 #     per-lane tiles (ktile). Decode reads the blocks as stored and folds 8 rows' lanes into one vector.
-#   - Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K repacked at load into 8-row tiles (model/repack.py;
-#     matmul512_x8.pxi): no per-product repacking at all; the same chains as the row-lane kernels, so the
-#     same bits.
+#   - Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K repacked at load into 8-row tiles (model/repack.py;
+#     matmul512_x8.pxi, matmul512_kx8.pxi): no per-product repacking at all; the same chains as the
+#     row-lane kernels, so the same bits.
 #   - A prompt's products take two 8-row tiles at once in 512-bit vectors (x16.h): each token's quants are
 #     broadcast from memory once per 16 rows instead of once per 8. On Zen 4 the 512-bit multiplies are
 #     double-pumped (no more multiplier throughput), but the broadcasts, not the multipliers, bound the
@@ -68,7 +68,8 @@ from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport (
-    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8, layout_slot,
+    LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q5_K_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8,
+    layout_slot,
     mm_try_fn, type_traits, writable_traits,
 )
 
@@ -190,6 +191,7 @@ include "matmul512_lanes.pxi"
 include "matmul512_kquant.pxi"
 include "matmul512_klanes.pxi"
 include "matmul512_x8.pxi"
+include "matmul512_kx8.pxi"
 include "matmul512_amx.pxi"
 
 
@@ -328,6 +330,7 @@ def fill_traits():
     layout_slot(LAYOUT_Q4_K_X8)[0] = mm512_q4_k_x8
     layout_slot(LAYOUT_Q8_0_X8)[0] = mm512_q8_0_x8
     layout_slot(LAYOUT_Q5_0_X8)[0] = mm512_q5_0_x8
+    layout_slot(LAYOUT_Q5_K_X8)[0] = mm512_q5_k_x8
     layout_slot(LAYOUT_Q6_K_X8)[0] = mm512_q6_k_x8
 
 

@@ -241,7 +241,7 @@ cdef Py_ssize_t amx_x8(const x8any* rec, Py_ssize_t rows, Py_ssize_t nb, const b
     return npairs * 16
 
 
-# Q4_K and Q6_K repacked at load (kx8rec, kx8rec6 tiles): as amx_klanes, the records expanded from the tiles.
+# Q4_K, Q5_K and Q6_K repacked at load (kx8rec, kx8rec5, kx8rec6 tiles): as amx_klanes, the records expanded from the tiles.
 cdef Py_ssize_t amx_kx8(const kx8any* rec, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X, Py_ssize_t n_tok,
                         float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t npairs = rows // 16
@@ -253,16 +253,17 @@ cdef Py_ssize_t amx_kx8(const kx8any* rec, Py_ssize_t rows, Py_ssize_t nb, const
     cdef klanerec* tmp
     cdef lc_kamxrec* abuf
     cdef const block_q4_K* q4_k = NULL
+    cdef const block_q5_K* q5_k = NULL
     cdef const block_q6_K* q6_k = NULL
     if npairs == 0:
         return 0
-    if kx8any is kx8rec:
+    if kx8any is kx8rec or kx8any is kx8rec5:
         pairs_bytes = (4 * n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
     scratch = <char*>lc_scratch(pairs_bytes + 2 * nb * sizeof(klanerec) + AMX_PAIRS * nb * sizeof(lc_kamxrec))
     if scratch == NULL:
         return 0
     pairs = <int32_t*>scratch
-    if kx8any is kx8rec:
+    if kx8any is kx8rec or kx8any is kx8rec5:
         ktoken_pairs(X, n_tok * nb, pairs)
     tmp = <klanerec*>(scratch + pairs_bytes)
     abuf = <lc_kamxrec*>(tmp + 2 * nb)
@@ -274,10 +275,14 @@ cdef Py_ssize_t amx_kx8(const kx8any* rec, Py_ssize_t rows, Py_ssize_t nb, const
             kx8_expand(rec + 2 * (p0 + p) * nb, 2, nb, tmp)
             if kx8any is kx8rec:
                 amx_pack_klanes(q4_k, tmp, tmp + nb, nb, abuf + p * nb)
+            elif kx8any is kx8rec5:
+                amx_pack_klanes(q5_k, tmp, tmp + nb, nb, abuf + p * nb)
             else:
                 amx_pack_klanes(q6_k, tmp, tmp + nb, nb, abuf + p * nb)
         if kx8any is kx8rec:
             amx_klanes_runs(q4_k, abuf, n, X, pairs, nfull, nb, Y + p0 * 16, ldy)
+        elif kx8any is kx8rec5:
+            amx_klanes_runs(q5_k, abuf, n, X, pairs, nfull, nb, Y + p0 * 16, ldy)
         else:
             amx_klanes_runs(q6_k, abuf, n, X, pairs, nfull, nb, Y + p0 * 16, ldy)
         if nfull < n_tok:

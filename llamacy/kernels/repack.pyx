@@ -1,21 +1,23 @@
 # Weights rewritten once, at load, into the layout their kernel reads fastest (model/repack.py decides
-# which): 8-row tiles, one per quantized type that has a tile kernel (matmul512_x8.pxi states each layout;
-# tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
+# which): 8-row tiles, one per quantized type that has a tile kernel (matmul512_x8.pxi and
+# matmul512_kx8.pxi state each layout; tests/test_repack.py states them again in numpy). Q4_0: 144 bytes per 8 rows x 32 values, the 8 stored
 # blocks' bytes, so tile i starts where row 8i did; Q4_1 likewise, 160 bytes (its mins beside the scales).
 # Q8_0: 272 bytes per 8 rows x 32 values, the quants made unsigned (q + 128, what dpbusd takes). Q5_0: 176
 # bytes per 8 rows x 32 values (the 8 stored blocks' bytes): the scales, the fifth bits regrouped into one
 # 32-bit byte mask per group of 4 values, the nibbles as Q4_0's.
-# Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes). Q6_K:
+# Q4_K: 1184 bytes per 8 rows x 256 values (148 a row: the 6-bit scales and mins unpacked to bytes). Q5_K:
+# Q4_K's tile, then the fifth bits as one 32-bit byte mask per group of 4 values and sub-block, 1440 bytes
+# (180 a row). Q6_K:
 # 1680 bytes per 8 rows x 256 values, the stored size (quant bytes interleaved 4 at a time, as Q4_K's).
 from libc.stdint cimport int64_t, uint8_t, uint32_t
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
-from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q6_K, T_Q8_0
+from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_K, T_Q6_K, T_Q8_0
 from llamacy.kernels.parallel cimport lc_task_fn, parallel_for
 from llamacy.kernels.traits cimport (
     LAYOUT_Q4_0_X8 as _Q4_0_X8, LAYOUT_Q4_1_X8 as _Q4_1_X8, LAYOUT_Q4_K_X8 as _Q4_K_X8, LAYOUT_Q5_0_X8 as _Q5_0_X8,
-    LAYOUT_Q6_K_X8 as _Q6_K_X8, LAYOUT_Q8_0_X8 as _Q8_0_X8,
+    LAYOUT_Q5_K_X8 as _Q5_K_X8, LAYOUT_Q6_K_X8 as _Q6_K_X8, LAYOUT_Q8_0_X8 as _Q8_0_X8,
     layout_row_bytes,
 )
 from llamacy.kernels.values cimport scale_min_k4
@@ -32,6 +34,7 @@ LAYOUT_Q4_1_X8 = _Q4_1_X8
 LAYOUT_Q8_0_X8 = _Q8_0_X8
 LAYOUT_Q6_K_X8 = _Q6_K_X8
 LAYOUT_Q5_0_X8 = _Q5_0_X8
+LAYOUT_Q5_K_X8 = _Q5_K_X8
 
 cdef enum:
     TILE_ROWS = 8
@@ -48,6 +51,8 @@ cdef enum:
     Q4_K_MN = 1088
     Q4_K_D = 1152
     Q4_K_DMIN = 1168
+    Q5_K_BYTES = 176   # Q4_K's d, dmin and 12 bytes of scales and mins, 32 bytes of fifth bits (qh), 128 of nibbles
+    Q5_K_TILE = 1440   # kx8rec5: kx8rec's 1184, then h 256
     Q6_K_BYTES = 210   # 128 bytes of low nibbles (ql), 64 of high bit pairs (qh), 16 int8 scales, fp16 d
     Q6_K_TILE = 1680   # kx8rec6: ql 1024, qh 512, sc 128, d 16
     Q6_K_QH = 1024
@@ -62,8 +67,8 @@ ctypedef struct PackJob:
     Py_ssize_t nb          # blocks (Q4_K: super-blocks) per row
     Py_ssize_t row_bytes   # stored
     int has_min            # Q4_1: an fp16 min after each block's scale
-    int k_quant            # 4: Q4_K (_pack_q4_k); 6: Q6_K (_pack_q6_k); 5: Q5_0 (_pack_q5_0); 0: Q4_0 / Q4_1 /
-                           # Q8_0 (_pack_legacy)
+    int k_quant            # 4: Q4_K, 5: Q5_K (_pack_q4_k); 6: Q6_K (_pack_q6_k); 50: Q5_0 (_pack_q5_0);
+                           # 0: Q4_0 / Q4_1 / Q8_0 (_pack_legacy)
     int groups             # _pack_legacy: 4-byte groups of quants per block (Q4_0 and Q4_1 4, Q8_0 8)
     uint32_t flip          # _pack_legacy: xor on every 4 quant bytes (Q8_0: 0x80808080, q + 128)
 
@@ -127,24 +132,38 @@ cdef void _pack_q5_0(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
 
 
 cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
-    """Row tiles begin..end-1: per super-block, the 8 rows' 4-byte groups of qs side by side (32 bytes per
-    group, 8 groups per 32 bytes of qs), their scales per sub-block, their mins in pairs of sub-blocks,
-    then d and dmin."""
+    """Row tiles begin..end-1 of Q4_K or Q5_K (k_quant 5): per super-block, the 8 rows' 4-byte groups of qs
+    side by side (32 bytes per group, 8 groups per 32 bytes of qs), their scales per sub-block, their mins
+    in pairs of sub-blocks, then d and dmin; Q5_K then h[k][half][g]: bit 4r+i is bit 2k+half of row r's qh
+    byte 4g+i."""
     cdef PackJob* j = <PackJob*> ctx
-    cdef Py_ssize_t i, b, r, s
+    cdef bint q5 = j.k_quant == 5
+    cdef Py_ssize_t i, b, r, s, k, g, c
+    cdef Py_ssize_t qs = 48 if q5 else 16  # stored: d, dmin, 12 bytes of scales (Q5_K: then qh), then qs
+    cdef uint32_t h[4][2][8]
     cdef const uint8_t* row
     cdef uint8_t* rec
     for i in range(begin, end):
         for b in range(j.nb):
-            rec = j.dst + (i * j.nb + b) * Q4_K_TILE
+            rec = j.dst + (i * j.nb + b) * (Q5_K_TILE if q5 else Q4_K_TILE)
+            if q5:
+                memset(h, 0, sizeof(h))
             for r in range(TILE_ROWS):
-                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * Q4_K_BYTES
+                row = j.src + (i * TILE_ROWS + r) * j.row_bytes + b * (Q5_K_BYTES if q5 else Q4_K_BYTES)
                 memcpy(rec + Q4_K_D + 2 * r, row, 2)
                 memcpy(rec + Q4_K_DMIN + 2 * r, row + 2, 2)
                 for s in range(8):
                     scale_min_k4(s, row + 4, rec + Q4_K_SC + 8 * s + r,
                                   rec + Q4_K_MN + 16 * (s // 2) + 2 * r + s % 2)
-                _spread(rec, row + 16, 32, r, 0)
+                _spread(rec, row + qs, 32, r, 0)
+                if q5:
+                    for k in range(4):
+                        for c in range(2):
+                            for g in range(8):
+                                for s in range(4):  # s: i, the value within the group
+                                    h[k][c][g] |= <uint32_t>((row[16 + 4 * g + s] >> (2 * k + c)) & 1) << (4 * r + s)
+            if q5:
+                memcpy(rec + Q4_K_TILE, h, sizeof(h))
 
 
 cdef void _pack_q6_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -183,6 +202,8 @@ def tile_layout(int wtype, Py_ssize_t rows, Py_ssize_t cols) -> int:
         return LAYOUT_Q6_K_X8
     if wtype == T_Q5_0 and cols % 32 == 0:
         return LAYOUT_Q5_0_X8
+    if wtype == T_Q5_K and cols % 256 == 0:
+        return LAYOUT_Q5_K_X8
     return LAYOUT_STORED
 
 
@@ -236,6 +257,8 @@ cdef void _pack_pieces(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         elif j.k_quant == 6:
             _pack_q6_k(j, pc.t0, pc.t1, tid)
         elif j.k_quant == 5:
+            _pack_q4_k(j, pc.t0, pc.t1, tid)
+        elif j.k_quant == 50:
             _pack_q5_0(j, pc.t0, pc.t1, tid)
         else:
             _pack_legacy(j, pc.t0, pc.t1, tid)
@@ -257,9 +280,10 @@ def _plan(int wtype, data, Py_ssize_t rows, Py_ssize_t cols):
     cdef int layout = tile_layout(wtype, rows, cols)
     if layout == LAYOUT_STORED:
         raise ValueError(f"a {rows} x {cols} matrix of type {wtype} does not tile by {TILE_ROWS} rows")
-    nb = cols // 256 if layout in (LAYOUT_Q4_K_X8, LAYOUT_Q6_K_X8) else cols // 32
+    nb = cols // 256 if layout in (LAYOUT_Q4_K_X8, LAYOUT_Q5_K_X8, LAYOUT_Q6_K_X8) else cols // 32
     row_bytes = nb * {LAYOUT_Q4_0_X8: Q4_0_BYTES, LAYOUT_Q4_1_X8: Q4_1_BYTES, LAYOUT_Q8_0_X8: Q8_0_BYTES,
-                      LAYOUT_Q4_K_X8: Q4_K_BYTES, LAYOUT_Q6_K_X8: Q6_K_BYTES, LAYOUT_Q5_0_X8: Q5_0_BYTES}[layout]
+                      LAYOUT_Q4_K_X8: Q4_K_BYTES, LAYOUT_Q6_K_X8: Q6_K_BYTES, LAYOUT_Q5_0_X8: Q5_0_BYTES,
+                      LAYOUT_Q5_K_X8: Q5_K_BYTES}[layout]
     src = _bytes_of(data)
     if src.shape[0] < rows * row_bytes:
         raise ValueError(f"{src.shape[0]} bytes hold fewer than {rows} rows of {row_bytes}")
@@ -347,7 +371,7 @@ def repack_many(items, int nthreads=1, outs=None):
             jobs[i].nb = nb
             jobs[i].row_bytes = row_bytes
             jobs[i].has_min = layout == LAYOUT_Q4_1_X8
-            jobs[i].k_quant = {LAYOUT_Q4_K_X8: 4, LAYOUT_Q6_K_X8: 6, LAYOUT_Q5_0_X8: 5}.get(layout, 0)
+            jobs[i].k_quant = {LAYOUT_Q4_K_X8: 4, LAYOUT_Q5_K_X8: 5, LAYOUT_Q6_K_X8: 6, LAYOUT_Q5_0_X8: 50}.get(layout, 0)
             jobs[i].groups = 8 if layout == LAYOUT_Q8_0_X8 else 4
             jobs[i].flip = 0x80808080u if layout == LAYOUT_Q8_0_X8 else 0
             total = items[i][2] // TILE_ROWS

@@ -40,7 +40,8 @@ cdef enum:
     LAYOUT_Q8_0_X8 = 4   # Q8_0, 272 bytes per 8 rows x 32 values (the 8 rows' bytes)
     LAYOUT_Q6_K_X8 = 5   # Q6_K, 1680 bytes per 8 rows x 256 values (8 x 210, the stored size)
     LAYOUT_Q5_0_X8 = 6   # Q5_0, 176 bytes per 8 rows x 32 values (the 8 rows' bytes)
-    N_LAYOUTS = 7
+    LAYOUT_Q5_K_X8 = 7   # Q5_K, 1440 bytes per 8 rows x 256 values (8 x 180)
+    N_LAYOUTS = 8
 # The kernel slot of a tiled layout; NULL for LAYOUT_STORED and unknown ids.
 cdef mm_try_fn* layout_slot(int layout) noexcept nogil
 # Bytes per row of `cols` values in a tiled layout (a tile of 8 rows is 8 times that); 0 if unknown.

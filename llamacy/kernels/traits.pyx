@@ -90,6 +90,8 @@ cdef Py_ssize_t layout_row_bytes(int layout, Py_ssize_t cols) noexcept nogil:
         return cols // 256 * 210
     if layout == LAYOUT_Q5_0_X8:
         return cols // 32 * 22
+    if layout == LAYOUT_Q5_K_X8:
+        return cols // 256 * 180
     return 0
 
 

@@ -1,9 +1,10 @@
 """Weights rewritten once into the layout their kernels read fastest.
 
-On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices go into 8-row tiles
-(kernels/repack.pyx; read by matmul512_x8.pxi), as llama.cpp's CPU "repack" buffers hold them. The
-row-lane kernels would otherwise transpose 8 rows' quants per block in every product of more than a few
-tokens (a server step of 8 sequences pays that on every matrix), and decode would unpack them row by row.
+On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices go into
+8-row tiles (kernels/repack.pyx; read by matmul512_x8.pxi and matmul512_kx8.pxi), as llama.cpp's CPU
+"repack" buffers hold them. The row-lane kernels would otherwise transpose 8 rows' quants per block in
+every product of more than a few tokens (a server step of 8 sequences pays that on every matrix), and
+decode would unpack them row by row.
 The tiles give the same numbers as the stored rows, bit for bit.
 
 When: a Llama repacks between evaluations by default (DeferredRepack below: the first token does not
@@ -11,7 +12,7 @@ wait for it), at load where asked (Llama(repack="load"), LLAMACY_REPACK=load: be
 profiling).
 
 The cost: the repacked matrices live in anonymous memory instead of the file's page cache (Q4_0's,
-Q4_1's, Q5_0's, Q8_0's and Q6_K's tiles are the same size, Q4_K's 3% larger: scales unpacked; the mapping's pages of those tensors
+Q4_1's, Q5_0's, Q8_0's and Q6_K's tiles are the same size, Q4_K's 3% and Q5_K's 2% larger: scales unpacked; the mapping's pages of those tensors
 are read once, then released), so processes serving one file no longer share them; and the load reads
 every such matrix once. LLAMACY_REPACK=0 keeps the file's layout.
 
@@ -54,6 +55,7 @@ from llamacy.kernels.repack import (  # noqa: F401
     LAYOUT_Q4_1_X8,
     LAYOUT_Q4_K_X8,
     LAYOUT_Q5_0_X8,
+    LAYOUT_Q5_K_X8,
     LAYOUT_Q6_K_X8,
     LAYOUT_Q8_0_X8,
     LAYOUT_STORED,

@@ -69,8 +69,7 @@ from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport (
     LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q5_K_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8,
-    layout_slot,
-    mm_try_fn, type_traits, writable_traits,
+    layout_slot, mm_try_fn, type_traits, writable_traits,
 )
 
 # Each thread that calls mm512 keeps one buffer for the repacked rows of its work items (scratch.h).

@@ -169,33 +169,23 @@ cdef inline void amx_klanes_runs(const klblock* tag, const lc_kamxrec* abuf, Py_
 
 
 # Tiles rec[0..ntiles) (nb records each) into the row-lane records dst (lanerec, nb per tile), as
-# repack_lanes makes them from the stored rows: the nibbles split (what load_u gives), scales and mins
-# converted.
+# repack_lanes makes them from the stored rows: the quants as x8_quants gives them (what load_u gives),
+# scales and mins converted.
 cdef void x8_expand_lanes(const x8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, lanerec* dst) noexcept nogil:
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i p
     cdef __m256i wq[8]
     cdef Py_ssize_t i
     cdef int g
     for i in range(ntiles * nb):
-        if x8any is x8rec_q8:  # already unsigned (q + 128), as repack_lanes makes them
-            memcpy(dst[i].q, rec[i].q, sizeof(rec[i].q))
-        elif x8any is x8rec_q5:
-            x8q5_quants(&rec[i], wq)
-            for g in range(8):
-                _mm256_storeu_si256(<__m256i*>dst[i].q[g], wq[g])
-        else:
-            for g in range(4):
-                p = _mm256_loadu_si256(<const __m256i*>rec[i].q[g])
-                _mm256_storeu_si256(<__m256i*>dst[i].q[g], _mm256_and_si256(p, m4))
-                _mm256_storeu_si256(<__m256i*>dst[i].q[g + 4], _mm256_and_si256(_mm256_srli_epi16(p, 4), m4))
+        x8_quants(&rec[i], wq)
+        for g in range(8):
+            _mm256_storeu_si256(<__m256i*>dst[i].q[g], wq[g])
         _mm256_storeu_ps(dst[i].d, _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[i].d)))
         if x8any is x8rec_min:
             _mm256_storeu_ps(dst[i].m, _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[i].m)))
 
 
-# Q4_0, Q4_1, Q5_0, Q8_0 repacked at load (x8rec, x8rec_min, x8rec_q5, x8rec_q8 tiles; rows a multiple of 8): as amx_lanes,
-# the records expanded from the tiles.
+# Q4_0, Q4_1, Q5_0, Q8_0 repacked at load (x8rec, x8rec_min, x8rec_q5, x8rec_q8 tiles; rows a multiple of
+# 8): as amx_lanes, the records expanded from the tiles.
 cdef Py_ssize_t amx_x8(const x8any* rec, Py_ssize_t rows, Py_ssize_t nb, const block_q8a* X, Py_ssize_t n_tok,
                        float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t npairs = rows // 16
@@ -241,7 +231,8 @@ cdef Py_ssize_t amx_x8(const x8any* rec, Py_ssize_t rows, Py_ssize_t nb, const b
     return npairs * 16
 
 
-# Q4_K, Q5_K and Q6_K repacked at load (kx8rec, kx8rec5, kx8rec6 tiles): as amx_klanes, the records expanded from the tiles.
+# Q4_K, Q5_K and Q6_K repacked at load (kx8rec, kx8rec5, kx8rec6 tiles): as amx_klanes, the records
+# expanded from the tiles.
 cdef Py_ssize_t amx_kx8(const kx8any* rec, Py_ssize_t rows, Py_ssize_t nb, const block_q8k* X, Py_ssize_t n_tok,
                         float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t npairs = rows // 16

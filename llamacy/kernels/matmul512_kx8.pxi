@@ -58,6 +58,22 @@ ctypedef fused kx8q45:
     kx8rec5
 
 
+# Sub-blocks 2j and 2j + 1 of a Q4_K or Q5_K tile's super-block as dpbusd's unsigned operands: wl[g] the
+# low nibbles of q[j][g], wh[g] the high ones, Q5_K's given their fifth bits.
+cdef inline void kx8_quants(const kx8q45* k, int j, __m256i* wl, __m256i* wh) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i c16 = _mm256_set1_epi8(0x10)
+    cdef __m256i p
+    cdef int g
+    for g in range(8):
+        p = _mm256_loadu_si256(<const __m256i*>k.q[j][g])
+        wl[g] = _mm256_and_si256(p, m4)
+        wh[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
+        if kx8q45 is kx8rec5:
+            wl[g] = _mm256_mask_add_epi8(wl[g], k.h[j][0][g], wl[g], c16)
+            wh[g] = _mm256_mask_add_epi8(wh[g], k.h[j][1][g], wh[g], c16)
+
+
 # One tile of the 8 rows of records rec x T tokens from y (nb super-blocks apart; pairs: their
 # ktoken_pairs); out[t * ldo + r]. The integer sums are klanes_tile's (exact), so are the two chains.
 cdef void kx8_tile(const tshape* shape, const kx8q45* rec, const block_q8k* y, const int32_t* pairs,
@@ -68,10 +84,8 @@ cdef void kx8_tile(const tshape* shape, const kx8q45* rec, const block_q8k* y, c
     cdef __m256i ia[MAXT]
     cdef __m256i wl[8]
     cdef __m256i wh[8]
-    cdef __m256i p, lo, hi, lo2, hi2, scl, sch, im
+    cdef __m256i lo, hi, lo2, hi2, scl, sch, im
     cdef __m256i zero = _mm256_setzero_si256()
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i c16 = _mm256_set1_epi8(0x10)
     cdef __m256 dw, dm, dx
     cdef const kx8q45* k
     cdef const uint8_t* xq
@@ -93,13 +107,7 @@ cdef void kx8_tile(const tshape* shape, const kx8q45* rec, const block_q8k* y, c
         for t in range(T):
             ia[t] = zero
         for j in range(4):  # sub-blocks 2j and 2j + 1
-            for g in range(8):
-                p = _mm256_loadu_si256(<const __m256i*>k.q[j][g])
-                wl[g] = _mm256_and_si256(p, m4)
-                wh[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
-                if kx8q45 is kx8rec5:
-                    wl[g] = _mm256_mask_add_epi8(wl[g], k.h[j][0][g], wl[g], c16)
-                    wh[g] = _mm256_mask_add_epi8(wh[g], k.h[j][1][g], wh[g], c16)
+            kx8_quants(k, j, wl, wh)
             scl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*>k.sc[2 * j]))
             sch = _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*>k.sc[2 * j + 1]))
             for t in range(T):
@@ -245,9 +253,9 @@ cdef inline void kx8_tokens(const kx8any* rec, const block_q8k* X, const int32_t
 # converted. The same numbers repack_klanes makes from the stored rows, for a fraction of its work (no
 # transpose, no 6-bit scale unpacking).
 cdef void kx8_expand(const kx8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, klanerec* dst) noexcept nogil:
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i c16 = _mm256_set1_epi8(0x10)
-    cdef __m256i p, a, c, h, P
+    cdef __m256i wl[8]
+    cdef __m256i wh[8]
+    cdef __m256i a, c, h, P
     cdef const kx8any* k
     cdef klanerec* o
     cdef Py_ssize_t i
@@ -257,15 +265,10 @@ cdef void kx8_expand(const kx8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, klaner
         o = dst + i
         if kx8any is kx8rec or kx8any is kx8rec5:
             for j in range(4):
+                kx8_quants(k, j, wl, wh)
                 for g in range(8):
-                    p = _mm256_loadu_si256(<const __m256i*>k.q[j][g])
-                    a = _mm256_and_si256(p, m4)
-                    c = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
-                    if kx8any is kx8rec5:
-                        a = _mm256_mask_add_epi8(a, k.h[j][0][g], a, c16)
-                        c = _mm256_mask_add_epi8(c, k.h[j][1][g], c, c16)
-                    _mm256_storeu_si256(<__m256i*>o.u[16 * j + g], a)
-                    _mm256_storeu_si256(<__m256i*>o.u[16 * j + 8 + g], c)
+                    _mm256_storeu_si256(<__m256i*>o.u[16 * j + g], wl[g])
+                    _mm256_storeu_si256(<__m256i*>o.u[16 * j + 8 + g], wh[g])
             for j in range(8):
                 _mm256_storeu_si256(<__m256i*>o.sc[j], _mm256_cvtepu8_epi32(_mm_loadl_epi64(<const __m128i*>k.sc[j])))
             for j in range(4):
@@ -289,9 +292,9 @@ cdef void kx8_expand(const kx8any* rec, Py_ssize_t ntiles, Py_ssize_t nb, klaner
             _mm256_storeu_ps(o.dmin, _mm256_setzero_ps())
 
 
-# The product of rows (a multiple of LR) repacked as kx8rec (Q4_K), kx8rec5 (Q5_K) or kx8rec6 (Q6_K) tiles. Up to TCH
-# tokens, straight from the tiles as mm512_q4_0_x8 does; more (a prompt), work items of up to GROUP_BYTES of
-# expanded records (kx8_expand), each against every token chunk by klanes_tile, as the stored rows' prefill
+# The product of rows (a multiple of LR) repacked as kx8rec (Q4_K), kx8rec5 (Q5_K) or kx8rec6 (Q6_K) tiles.
+# Up to TCH tokens, straight from the tiles as mm512_q4_0_x8 does; more (a prompt), work items of up to
+# GROUP_BYTES of expanded records (kx8_expand), each against every token chunk by klanes_tile, as the stored rows' prefill
 # runs: with hundreds of tokens, splitting nibbles and widening scales once per work item beats doing it in
 # every 4-token tile (llama-3.2-1b pp512: 0.89-0.95x the stored rows' speed when done per tile). Q4_K's
 # tokens' pairs of sub-block sums (and the expanded records) live in scratch memory; where none can be had

@@ -10,10 +10,9 @@
 # against 8 tokens x 8 dpbusd). Done once at load, as llama.cpp's CPU "repack" buffers do (its
 # block_q4_0x8), it costs nothing per product; a Q4_0 tile is the size of the 8 rows it replaces.
 #
-# Float order: each row's chain is the row-lane one, fma(float(isum_b),
-# d_w * d_x, sum) block by block with isum_b the block's exact integer sum (the seed adds -8 x the token
-# block's quant sum first, as lanes_tile's does; integer sums are exact in any order; Q4_1 has no seed and
-# its mins' chain beside). So a repacked matrix gives the very bits of the same matrix as stored, on every
+# Float order: each row's chain is the row-lane one, fma(float(isum_b), d_w * d_x, sum) block by block
+# with isum_b the block's exact integer sum (the seed adds -offset x the token block's quant sum first, as
+# lanes_tile's does; integer sums are exact in any order; Q4_1 has no seed and its mins' chain beside). So a repacked matrix gives the very bits of the same matrix as stored, on every
 # path and thread count (tests/test_repack.py).
 
 
@@ -59,18 +58,25 @@ ctypedef fused x8any:
     x8rec_q5
 
 
-# A Q5_0 tile block's unsigned quants (q + 16, load_u's) for dpbusd: wq[g] as lanes_tile's.
-cdef inline void x8q5_quants(const x8rec_q5* rec, __m256i* wq) noexcept nogil:
+# One tile block's quants as dpbusd's unsigned operands, wq[g] as lanes_tile's (load_u: q + 8 for Q4_0, the
+# stored nibble for Q4_1, q + 16 for Q5_0, q + 128 for Q8_0): Q8_0's as they lie, the others' nibbles split,
+# Q5_0's then given their fifth bits.
+cdef inline void x8_quants(const x8any* rec, __m256i* wq) noexcept nogil:
     cdef __m256i m4 = _mm256_set1_epi8(0x0F)
     cdef __m256i c16 = _mm256_set1_epi8(0x10)
-    cdef __m256i p, lo, hi
+    cdef __m256i p
     cdef int g
+    if x8any is x8rec_q8:
+        for g in range(8):
+            wq[g] = _mm256_loadu_si256(<const __m256i*>rec.q[g])
+        return
     for g in range(4):
         p = _mm256_loadu_si256(<const __m256i*>rec.q[g])
-        lo = _mm256_and_si256(p, m4)
-        hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
-        wq[g] = _mm256_mask_add_epi8(lo, rec.h[g], lo, c16)
-        wq[g + 4] = _mm256_mask_add_epi8(hi, rec.h[g + 4], hi, c16)
+        wq[g] = _mm256_and_si256(p, m4)
+        wq[g + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
+    if x8any is x8rec_q5:
+        for g in range(8):
+            wq[g] = _mm256_mask_add_epi8(wq[g], rec.h[g], wq[g], c16)
 
 
 # The offset of a tile type's unsigned quants (lane_offset's): 8 (Q4_0), 16 (Q5_0), 128 (Q8_0), 0 (Q4_1).
@@ -96,10 +102,9 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
     cdef __m256 mins[MAXT]
     cdef __m256 mw
     cdef __m256i wq[8]
-    cdef __m256i p, lo, hi
+    cdef __m256i lo, hi
     cdef __m256i zero = _mm256_setzero_si256()
     cdef __m256i ones = _mm256_set1_epi8(1)
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
     cdef __m256 dw
     cdef const block_q8a* yb
     cdef const uint8_t* xq
@@ -118,16 +123,7 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
                 lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
             else:
                 lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(x8any))
-        if x8any is x8rec_q8:
-            for g in range(8):
-                wq[g] = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
-        elif x8any is x8rec_q5:
-            x8q5_quants(&rec[b], wq)
-        else:
-            for g in range(4):
-                p = _mm256_loadu_si256(<const __m256i*>rec[b].q[g])
-                wq[g] = _mm256_and_si256(p, m4)
-                wq[g + 4] = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4)
+        x8_quants(&rec[b], wq)
         dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].d))
         if x8any is x8rec_min:
             mw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].m))

@@ -138,9 +138,9 @@ cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
     byte 4g+i."""
     cdef PackJob* j = <PackJob*> ctx
     cdef bint q5 = j.k_quant == 5
-    cdef Py_ssize_t i, b, r, s, k, g, c
+    cdef Py_ssize_t i, b, r, s, l, bit
     cdef Py_ssize_t qs = 48 if q5 else 16  # stored: d, dmin, 12 bytes of scales (Q5_K: then qh), then qs
-    cdef uint32_t h[4][2][8]
+    cdef uint32_t h[8][8]  # kx8rec5's h[4][2][8] as [2k + half][g]
     cdef const uint8_t* row
     cdef uint8_t* rec
     for i in range(begin, end):
@@ -156,12 +156,10 @@ cdef void _pack_q4_k(void* ctx, int64_t begin, int64_t end, int tid) noexcept no
                     scale_min_k4(s, row + 4, rec + Q4_K_SC + 8 * s + r,
                                   rec + Q4_K_MN + 16 * (s // 2) + 2 * r + s % 2)
                 _spread(rec, row + qs, 32, r, 0)
-                if q5:
-                    for k in range(4):
-                        for c in range(2):
-                            for g in range(8):
-                                for s in range(4):  # s: i, the value within the group
-                                    h[k][c][g] |= <uint32_t>((row[16 + 4 * g + s] >> (2 * k + c)) & 1) << (4 * r + s)
+                if q5:  # qh byte l = 4g + i: its bit 2k + half into h[2k + half][g], at bit 4r + i
+                    for l in range(32):
+                        for bit in range(8):
+                            h[bit][l // 4] |= <uint32_t>((row[16 + l] >> bit) & 1) << (4 * r + l % 4)
             if q5:
                 memcpy(rec + Q4_K_TILE, h, sizeof(h))
 

@@ -178,13 +178,17 @@ cdef inline void x8_tokens(const x8any* rec, const block_q8a* X, const int32_t* 
 # tile over all the tokens, the next tile's bytes requested while one is read (decode and few tokens stream
 # the weights); more, chunk by chunk of TCH tokens, each tile of the call's rows in turn (the chunk's
 # activations stay in L2). Q4_0's seeds come from a scratch buffer, or where none can be had from the tiles
-# themselves: the same integers either way. Always 1.
+# themselves: the same integers either way. Q5_0's prompts go through lane records (x8_expand_lanes, a work
+# item's tiles at a time, as kx8_product does for the K-quants): spreading its fifth bits once per product
+# instead of once per 8 tokens (Gemma 3 270M pp512, BENCHMARKS.md). Always 1.
 cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const block_q8a* X, Py_ssize_t n_tok,
                     float* Y, Py_ssize_t ldy) noexcept nogil:
-    cdef Py_ssize_t nb = cols // QK8_0, ntiles = rows // LR, i, t0, t1
+    cdef Py_ssize_t nb = cols // QK8_0, ntiles = rows // LR, i, t0, t1, per = 0, sums_bytes, g0, ng
     cdef int32_t* sums = NULL
+    cdef lanerec* buf = NULL
     cdef const char* pf
     cdef Py_ssize_t done
+    cdef const block_q5_0* q5_0 = NULL
     if ntiles <= 0 or n_tok <= 0 or nb <= 0:
         return 1
     if amx_on and n_tok >= AMX_TOK:  # the tile unit takes the pairs of tiles (matmul512_amx.pxi)
@@ -196,8 +200,12 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
         ntiles = rows // LR
         Y += done
     if x8any is x8rec or x8any is x8rec_q8 or x8any is x8rec_q5:
-        sums = <int32_t*>lc_scratch(n_tok * nb * sizeof(int32_t))
+        sums_bytes = (n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
+        if x8any is x8rec_q5 and n_tok > TCH and pairs_on:
+            per = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(lanerec)), GR // LR))  # tiles per item
+        sums = <int32_t*>lc_scratch(sums_bytes + per * nb * sizeof(lanerec))
         if sums != NULL:
+            buf = <lanerec*>(<char*>sums + sums_bytes)
             if x8any is x8rec:
                 token_sums(<const block_q4_0*>NULL, X, n_tok * nb, sums)
             elif x8any is x8rec_q5:
@@ -209,6 +217,24 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
             pf = <const char*>(rec + (i + 1) * nb) if i + 1 < ntiles or pf_rec_ahead else NULL
             x8_tokens(rec + i * nb, X, sums, 0, n_tok, nb, Y, ldy, i * LR, pf)
         return 1
+    if x8any is x8rec_q5:
+        if per > 0 and sums != NULL:
+            g0 = 0
+            while g0 < ntiles:
+                ng = min(per, ntiles - g0)
+                x8_expand_lanes(rec + g0 * nb, ng, nb, buf)
+                t0 = 0
+                while t0 < n_tok:
+                    t1 = min(n_tok, t0 + TCH)
+                    i = 0
+                    while i + 2 <= ng:
+                        lanes_pair(q5_0, buf + i * nb, X, sums, t0, t1, nb, Y + (g0 + i) * LR, ldy)
+                        i += 2
+                    if i < ng:  # the odd tile from its records: the same numbers
+                        x8_tokens(rec + (g0 + i) * nb, X, sums, t0, t1, nb, Y, ldy, (g0 + i) * LR, NULL)
+                    t0 = t1
+                g0 += ng
+            return 1
     t0 = 0
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)

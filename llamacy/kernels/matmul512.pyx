@@ -87,8 +87,6 @@ cdef extern from "x16.h" nogil:
                      Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
     void lc_x16_q8_0(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
                      Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
-    void lc_x16_q5_0(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
-                     Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
     void lc_x16_lane(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,
                      Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t nb, float* Y, Py_ssize_t ldy)
     void lc_x16_lane_min(const void* ra, const void* rb, Py_ssize_t rsz, const void* X, const int32_t* sums,

@@ -239,10 +239,11 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
     while t0 < n_tok:
         t1 = min(n_tok, t0 + TCH)
         i = 0
-        if pairs_on and (sums != NULL or x8any is x8rec_min):
-            while i + 2 <= ntiles:
-                x16_tokens(rec + i * nb, X, sums, t0, t1, nb, Y + i * LR, ldy)
-                i += 2
+        if x8any is x8rec or x8any is x8rec_min or x8any is x8rec_q8:  # Q5_0's pairs: lane records, above
+            if pairs_on and (sums != NULL or x8any is x8rec_min):
+                while i + 2 <= ntiles:
+                    x16_tokens(rec + i * nb, X, sums, t0, t1, nb, Y + i * LR, ldy)
+                    i += 2
         while i < ntiles:
             x8_tokens(rec + i * nb, X, sums, t0, t1, nb, Y, ldy, i * LR, NULL)
             i += 1
@@ -257,9 +258,7 @@ cdef inline void x16_tokens(const x8any* rec, const block_q8a* X, const int32_t*
         lc_x16_q4_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
     elif x8any is x8rec_min:
         lc_x16_q4_1(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
-    elif x8any is x8rec_q5:
-        lc_x16_q5_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
-    else:
+    elif x8any is x8rec_q8:
         lc_x16_q8_0(rec, rec + nb, sizeof(x8any), X, sums, t0, t1, nb, Y, ldy)
 
 

@@ -26,11 +26,11 @@
 
 #include "qblocks.h"
 
-/* Q4_0, Q4_1, Q5_0 and Q8_0 load-time tiles (x8rec, x8rec_min, x8rec_q5, x8rec_q8: fp16 scales, Q4 and Q5
- * nibbles packed, Q5_0's fifth bits as a byte mask per group of 4 values, 32 bytes after the scales), and the
+/* Q4_0, Q4_1 and Q8_0 load-time tiles (x8rec, x8rec_min, x8rec_q8: fp16 scales, Q4 nibbles packed; Q5_0's
+ * x8rec_q5 comes here expanded into lane records, matmul512_x8.pxi's x8_product), and the
  * legacy types' per-product records (matmul512_lanes.pxi's lanerec: 8 groups of unsigned quants, fp32
  * scales and mins; LANE without a min chain, LANE_MIN with one). */
-enum { LC_X16_Q4_0 = 0, LC_X16_Q4_1 = 1, LC_X16_Q8_0 = 2, LC_X16_LANE = 3, LC_X16_LANE_MIN = 4, LC_X16_Q5_0 = 5 };
+enum { LC_X16_Q4_0 = 0, LC_X16_Q4_1 = 1, LC_X16_Q8_0 = 2, LC_X16_LANE = 3, LC_X16_LANE_MIN = 4 };
 /* Tokens per tile: 8 for the legacy types (weights loaded once per 8 tokens; 1.13-1.21x 4 in llama-3.2-1b's
  * pp512), 6 for the K-quants, whose three accumulators per token fill the 32 registers sooner. */
 #define LC_X16_MAXT 8
@@ -61,8 +61,7 @@ lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, c
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int lane = kind == LC_X16_LANE || kind == LC_X16_LANE_MIN;
     const int with_min = kind == LC_X16_Q4_1 || kind == LC_X16_LANE_MIN;
-    const ptrdiff_t qoff = lane ? 0 : kind == LC_X16_Q4_1 ? 32 : kind == LC_X16_Q5_0 ? 48 : 16;
-    const __m512i c16 = _mm512_set1_epi8(0x10);
+    const ptrdiff_t qoff = lane ? 0 : kind == LC_X16_Q4_1 ? 32 : 16;
     __m512 acc[LC_X16_MAXT], mins[LC_X16_MAXT], dw, mw = _mm512_setzero_ps();
     __m512i wq[8];
     for (int t = 0; t < T; t++) {
@@ -80,13 +79,6 @@ lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, c
                 wq[g] = _mm512_and_si512(p, m4);
                 wq[g + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
             }
-            if (kind == LC_X16_Q5_0) /* the fifth bits: tile A's masks for lanes 0..7, B's for 8..15 */
-                for (int g = 0; g < 8; g++) {
-                    uint32_t ha, hb;
-                    memcpy(&ha, a + 16 + 4 * g, 4);
-                    memcpy(&hb, c + 16 + 4 * g, 4);
-                    wq[g] = _mm512_mask_add_epi8(wq[g], _cvtu64_mask64((uint64_t)hb << 32 | ha), wq[g], c16);
-                }
         }
         if (lane) {
             dw = _mm512_castsi512_ps(lc_x16_pair(a + 256, c + 256));
@@ -147,7 +139,6 @@ lc_x16_tile(const int kind, const int T, const uint8_t *ra, const uint8_t *rb, c
 LC_X16_TOKENS(lc_x16_q4_0, LC_X16_Q4_0)
 LC_X16_TOKENS(lc_x16_q4_1, LC_X16_Q4_1)
 LC_X16_TOKENS(lc_x16_q8_0, LC_X16_Q8_0)
-LC_X16_TOKENS(lc_x16_q5_0, LC_X16_Q5_0)
 LC_X16_TOKENS(lc_x16_lane, LC_X16_LANE)
 LC_X16_TOKENS(lc_x16_lane_min, LC_X16_LANE_MIN)
 

@@ -77,7 +77,8 @@ cdef extern from "scratch.h" nogil:
     void* lc_scratch(size_t n)
 
 # Prompts' products over two 8-row tiles at once, in 512-bit vectors (x16.h): the legacy types' load-time
-# tiles (x8rec, x8rec_min, x8rec_q8, x8rec_q5) and the K-quants' prefill records (klanerec).
+# tiles (x8rec, x8rec_min, x8rec_q8), the legacy types' lane records (lanerec, into which Q5_0's x8rec_q5
+# tiles expand) and the K-quants' prefill records (klanerec).
 cdef extern from "x16.h" nogil:
     ctypedef struct lc_x16_krec:
         pass

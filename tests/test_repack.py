@@ -242,6 +242,20 @@ def test_tile_pairs_give_the_single_tiles_bits(wtype, rows, cols):
 
 
 @needs_tiles
+def test_wide_q5_0_rows_pair_their_tiles():
+    """A Q5_0 prompt expands its tiles into lane records a work item at a time, a pair of tiles at least
+    even where one tile's records exceed the work item's byte budget (10240 columns: 320 blocks): the
+    stored rows' bits, 1 and 2 threads."""
+    rows, cols = 32, 10240
+    raw = _quantized(QT.Q5_0, rows, cols, seed=5)
+    tiles, layout = rp.repack_tiles(int(QT.Q5_0), raw, rows, cols, 1)
+    x = np.random.default_rng(6).standard_normal((70, cols)).astype(np.float32)
+    want = mm.matmul_py(raw, int(QT.Q5_0), x)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(mm.matmul_tiled_py(tiles, layout, rows, x, nthreads=threads), want)
+
+
+@needs_tiles
 def test_tile_product_checks_its_operands():
     raw = _quantized(QT.Q4_0, 16, 64)
     tiles, layout = rp.repack_tiles(int(QT.Q4_0), raw, 16, 64)

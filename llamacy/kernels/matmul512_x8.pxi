@@ -202,7 +202,8 @@ cdef int x8_product(const x8any* rec, Py_ssize_t rows, Py_ssize_t cols, const bl
     if x8any is x8rec or x8any is x8rec_q8 or x8any is x8rec_q5:
         sums_bytes = (n_tok * nb * <Py_ssize_t>sizeof(int32_t) + 63) // 64 * 64
         if x8any is x8rec_q5 and n_tok > TCH and pairs_on:
-            per = max(1, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(lanerec)), GR // LR))  # tiles per item
+            # tiles per item: what fits GROUP_BYTES, but a pair at least (wide rows would otherwise go unpaired)
+            per = max(2, min(GROUP_BYTES // (nb * <Py_ssize_t>sizeof(lanerec)), GR // LR))
         sums = <int32_t*>lc_scratch(sums_bytes + per * nb * sizeof(lanerec))
         if sums != NULL:
             buf = <lanerec*>(<char*>sums + sums_bytes)

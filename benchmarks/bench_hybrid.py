@@ -8,8 +8,9 @@ Each round runs every test on both engines (who goes first alternates), `--reps`
 warm-up, at `--threads`; the table gives per test the median over rounds of our t/s, the reference's, and
 the median of the per-round ratios. Depth tests (tgN @ dD) decode after D random tokens already in the
 memory, filled untimed (llama-bench's -d; `llamacy bench -d`). The depth ratio at the end is decode at the
-deepest depth over decode at the shallowest, per engine: a recurrent layer reads the same state at any depth,
-only the attention layers' K/V grows.
+deepest depth over decode at the shallowest, per engine (the ratio of the medians, and the median of each
+round's own ratio): a recurrent layer reads the same state at any depth, only the attention layers' K/V grows.
+-p 0 leaves the prompt test out.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def main() -> None:
     if ref is None:
         raise SystemExit("no reference llama-bench: --ref-bench PATH or $LLAMACY_REF_BENCH")
     depths = [int(d) for d in args.depths.split(",") if d]
-    tests = [(args.p, 0, 0), (0, args.n, 0), *[(0, args.n, d) for d in depths]]
+    # -p 0 leaves the prompt test out (decode and depth only)
+    tests = [*([(args.p, 0, 0)] if args.p else []), (0, args.n, 0), *[(0, args.n, d) for d in depths]]
     print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, threads {args.threads}, "
           f"rounds {args.rounds}, reps {args.reps}")  # fmt: skip
     for label in [m for m in args.models.split(",") if m]:
@@ -57,7 +59,7 @@ def main() -> None:
             raise SystemExit(f"{path} is missing: benchmarks/make_models.py --models {name} --types {qtype}")
         # The prompt test runs on an empty memory, the depth tests decode after their depth.
         llm = Llama(path, repack="load", n_ctx=max(max([*depths, 0]) + args.n, args.p) + 8, n_threads=args.threads,
-                    n_batch=args.p)  # fmt: skip
+                    n_batch=args.p or 512)  # fmt: skip
         ours: dict[str, list[float]] = {}
         theirs: dict[str, list[float]] = {}
         commit = "?"
@@ -85,7 +87,12 @@ def main() -> None:
             lo, hi = f"tg{args.n} @ d{min(depths)}", f"tg{args.n} @ d{max(depths)}"
             for who, got in (("llamacy", ours), ("llama.cpp", theirs)):
                 ratio = statistics.median(got[hi]) / statistics.median(got[lo])
-                print(f"\n{who}: decode at depth {max(depths)} is {ratio:.2f}× decode at depth {min(depths)}")
+                # each round's own ratio too: its two tests ran seconds apart, so a machine that drifts
+                # between rounds moves both alike
+                per_round = [a / b for a, b in zip(got[hi], got[lo], strict=True)]
+                print(f"\n{who}: decode at depth {max(depths)} is {ratio:.2f}× decode at depth {min(depths)} "
+                      f"(medians); median of the rounds' ratios {statistics.median(per_round):.2f}× "
+                      f"({' '.join(f'{r:.2f}' for r in per_round)})")  # fmt: skip
 
 
 if __name__ == "__main__":

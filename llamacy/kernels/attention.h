@@ -565,11 +565,24 @@ LC_ATT_INLINE void lc_att_scores8x2_call(const float *qa, const float *qb, const
  * groups of 4) took half the time that way (with V in blocks of LC_ATT_VBLOCK_STREAM_BYTES), 0.8-0.9x at
  * head_dim 64 (benchmarks/bench_attention.py); requests into L1, a few dozen lines at a time, held the
  * kernel's own loads up. A prompt's tokens find the rows in cache (each reads the rows the token before
- * it read), and there the requests only cost: Gemma 3's prompt attention took 1.12x the time with them. */
+ * it read), and there the requests only cost: Gemma 3's prompt attention took 1.12x the time with them.
+ * Each request also asks for one line a page (LC_ATT_PF_PAGE) beyond the rows, which the requests of a later
+ * step will cover. Without it, rows whose run starts on a page boundary, as every (layer, KV head) run of the
+ * model's does when n_ctx * row bytes is a multiple of 4 KB, were read at half the rate of the same rows
+ * starting 64 bytes into a page: a step's requests were then the first into their page, and requests that
+ * open a page mostly came to nothing (on 2 MB pages as on 4 KB ones, so not only for want of a TLB entry).
+ * benchmarks/bench_attention.py --offsets 0,64 (f16 rows at depth 4000, groups of 4, one thread, Zen 4):
+ * head_dim 256 on 4 KB pages 1044 against 535 us a step, on huge pages 958 against 474; with the line a page
+ * ahead 524 and 491, 480 and 468. head_dim 128: 401 against 337 us, then 252 and 251. Results do not depend
+ * on any of this. */
+#define LC_ATT_PF_PAGE 4096
 LC_ATT_INLINE void lc_att_prefetch_rows(int stream, const void *base, ptrdiff_t row0, ptrdiff_t row1,
                                         ptrdiff_t n, ptrdiff_t rb) {
     if (stream && row1 > n) row1 = n;
-    if (stream && row1 > row0) lc_prefetch_span_l2((const char *)base + row0 * rb, (row1 - row0) * rb);
+    if (stream && row1 > row0) {
+        lc_prefetch_span_l2((const char *)base + row0 * rb, (row1 - row0) * rb);
+        if (row1 * rb + LC_ATT_PF_PAGE < n * rb) lc_prefetch_l2((const char *)base + row1 * rb + LC_ATT_PF_PAGE);
+    }
 }
 
 /* K rows ahead of the scores step that reads them (four steps of 8; two measured slower at head_dim 64

@@ -211,11 +211,12 @@ def py_store_kv_rows(float[:, ::1] X, int kv_fmt):
     return out
 
 
-def time_attend_decode(float[:, ::1] q, const uint8_t[:, ::1] K, const uint8_t[:, ::1] V, Py_ssize_t n_kv,
+def time_attend_decode(float[:, ::1] q, const uint8_t[:, :] K, const uint8_t[:, :] V, Py_ssize_t n_kv,
                        Py_ssize_t last, int kv_fmt, Py_ssize_t steps):
     """Seconds per step of decode-style attention (benchmarks/bench_attention.py), one time per step.
 
-    K and V: [caches, positions * row bytes], one KV head's cache per row. Each step is one token of one
+    K and V: [caches, positions * row bytes], one KV head's cache per row (contiguous within a row; the rows
+    may be further apart, so that a cache can start anywhere in a page). Each step is one token of one
     layer: the q.shape[0] query heads split evenly over n_kv KV heads, each KV head's group attending over
     positions 0..last of its own cache. Successive steps take successive caches (wrapping around), so with
     more cache bytes than the last-level cache holds, every step reads its rows from memory, as decode does.
@@ -225,6 +226,8 @@ def time_attend_decode(float[:, ::1] q, const uint8_t[:, ::1] K, const uint8_t[:
         raise ValueError("q.shape[0] must split evenly over n_kv <= caches KV heads")
     if last < 0 or K.shape[1] < (last + 1) * rb or V.shape[1] != K.shape[1]:
         raise ValueError("each cache must hold last + 1 rows")
+    if K.strides[1] != 1 or V.strides[1] != 1:
+        raise ValueError("each cache's bytes must be contiguous")
     scores = np.empty(q.shape[0] * (last + 1), dtype=np.float32)
     out = np.empty((q.shape[0], hd), dtype=np.float32)
     times = np.empty(steps, dtype=np.float64)

@@ -14,7 +14,9 @@ layer order) over each, the ways alternating round by round; medians of GB/s of 
 The working set (~48 MB a layer) must exceed the last-level cache for the figures to mean memory.
 
 With --ahead 128,192,384 (bytes), the ways are instead distances of the tile records' in-stream prefetch
-(matmul512.prefetch_set; 0 = walk the next tile), all over the arena, the first the base of the ratios.
+(matmul512.prefetch_set; 0 = walk the next tile), all over the arena, the first the base of the ratios. With
+--page-ahead 0,4096 they are distances of the one further line each record also requests (prefetch_set's
+page_ahead; 0 = none), the records' own distance the CPU's default.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         "--type", default="Q4_K_M", help="Q4_K_M (Q4_K, down Q6_K), or one of Q4_0 Q4_1 Q8_0 Q4_K Q6_K"
     )
     ap.add_argument("--ahead", default="", help="compare these tile prefetch distances (bytes) instead")
+    ap.add_argument(
+        "--page-ahead", default="", help="compare these distances of the further line (bytes) instead"
+    )
     args = ap.parse_args(argv)
 
     from gguf import GGMLQuantizationType as QT
@@ -79,9 +84,18 @@ def main(argv: list[str] | None = None) -> int:
         raws[rows, cols, t] = qz.quantize(int(QT[t]), w)
     items = [(int(QT[t]), raws[r, c, t], r, c, False) for r, c, t in shapes]
     sizes = [rp.tiled_bytes(w, r, c) for w, _, r, c, _ in items]
-    row_ahead = mm.PREFETCH_MODES[mm.PREFETCH][0]
+    row_ahead, rec_ahead, page_ahead = mm.PREFETCH_MODES[mm.PREFETCH]
+    if args.ahead and args.page_ahead:
+        ap.error("--ahead and --page-ahead: one at a time")
     aheads = (
-        {f"{int(a)} B" if int(a) else "walk": int(a) for a in args.ahead.split(",")} if args.ahead else {}
+        {f"{int(a)} B" if int(a) else "walk": (int(a), page_ahead) for a in args.ahead.split(",")}
+        if args.ahead
+        else {
+            f"page {int(a)} B" if int(a) else "no page": (rec_ahead, int(a))
+            for a in args.page_ahead.split(",")
+        }
+        if args.page_ahead
+        else {}
     )
     if aheads:
         arena = rp.arena(sizes)
@@ -114,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         order = list(ways) if rnd % 2 == 0 else list(reversed(ways))
         for name in order:
             if aheads:
-                matmul512.prefetch_set(row_ahead, aheads[name])
+                matmul512.prefetch_set(row_ahead, *aheads[name])
             t0 = time.perf_counter()
             for _ in range(args.tokens):
                 token(ways[name])

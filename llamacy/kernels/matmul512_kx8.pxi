@@ -94,6 +94,7 @@ cdef void kx8_tile(const tshape* shape, const kx8q45* rec, const block_q8k* y, c
     cdef int r, t, g, j
     cdef Py_ssize_t b
     cdef Py_ssize_t ahead = pf_rec_ahead  # a local: the global would be read again at every block
+    cdef Py_ssize_t page = pf_page_ahead
     for t in range(T):
         fa[t] = _mm256_setzero_ps()
         fm[t] = _mm256_setzero_ps()
@@ -104,6 +105,8 @@ cdef void kx8_tile(const tshape* shape, const kx8q45* rec, const block_q8k* y, c
                 lc_prefetch_span(pf + b * sizeof(kx8q45), sizeof(kx8q45))
             else:
                 lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(kx8q45))
+                if page:
+                    lc_prefetch_l2(<const char*>(rec + b) + ahead + page)
         for t in range(T):
             ia[t] = zero
         for j in range(4):  # sub-blocks 2j and 2j + 1
@@ -190,6 +193,7 @@ cdef void kx86_tile(const tshape* shape, const kx8rec6* rec, const block_q8k* y,
     cdef int r, t, n
     cdef Py_ssize_t b
     cdef Py_ssize_t ahead = pf_rec_ahead  # a local: the global would be read again at every block
+    cdef Py_ssize_t page = pf_page_ahead
     for t in range(T):
         fa[t] = _mm256_setzero_ps()
     for b in range(nb):
@@ -199,6 +203,8 @@ cdef void kx86_tile(const tshape* shape, const kx8rec6* rec, const block_q8k* y,
                 lc_prefetch_span(pf + b * sizeof(kx8rec6), sizeof(kx8rec6))
             else:
                 lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(kx8rec6))
+                if page:
+                    lc_prefetch_l2(<const char*>(rec + b) + ahead + page)
         for t in range(T):
             ia[t] = zero
             im[t] = zero

@@ -113,6 +113,7 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
     cdef int32_t seed
     cdef Py_ssize_t b
     cdef Py_ssize_t ahead = pf_rec_ahead  # a local: the global would be read again at every block
+    cdef Py_ssize_t page = pf_page_ahead
     for t in range(T):
         acc[t] = _mm256_setzero_ps()
         if x8any is x8rec_min:
@@ -123,6 +124,8 @@ cdef void x8_tile(const tshape* shape, const x8any* rec, const block_q8a* y, con
                 lc_prefetch_span(pf + b * sizeof(x8any), sizeof(x8any))
             else:
                 lc_prefetch_span(<const char*>(rec + b) + ahead, sizeof(x8any))
+                if page:
+                    lc_prefetch_l2(<const char*>(rec + b) + ahead + page)
         x8_quants(&rec[b], wq)
         dw = _mm256_cvtph_ps(_mm_loadu_si128(<const __m128i*>rec[b].d))
         if x8any is x8rec_min:

@@ -46,7 +46,7 @@ PAGE = 4096
 def pool(kv_type: str, hd: int, depth: int, pool_mb: int, rng: np.random.Generator):
     """K and V pools: [caches, bytes] uint8, pool_mb MB of rows together. Each cache's (depth + 1) rows fill
     its first bytes, and every cache is a whole number of pages with one page to spare, so that
-    `at_offset` can start the rows anywhere in a page."""
+    `place` can start the rows anywhere in a page."""
     fmt, rb = kv_format(kv_type), kv_row_bytes(kv_type, hd)
     nbytes = (depth + 1) * rb
     width = -(-nbytes // PAGE) * PAGE + PAGE

@@ -87,16 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     row_ahead, rec_ahead, page_ahead = mm.PREFETCH_MODES[mm.PREFETCH]
     if args.ahead and args.page_ahead:
         ap.error("--ahead and --page-ahead: one at a time")
-    aheads = (
-        {f"{int(a)} B" if int(a) else "walk": (int(a), page_ahead) for a in args.ahead.split(",")}
-        if args.ahead
-        else {
+    aheads: dict[str, tuple[int, int]] = {}  # way -> (records' distance, the further line's)
+    if args.ahead:
+        aheads = {f"{int(a)} B" if int(a) else "walk": (int(a), page_ahead) for a in args.ahead.split(",")}
+    elif args.page_ahead:
+        aheads = {
             f"page {int(a)} B" if int(a) else "no page": (rec_ahead, int(a))
             for a in args.page_ahead.split(",")
         }
-        if args.page_ahead
-        else {}
-    )
     if aheads:
         arena = rp.arena(sizes)
         ways = dict.fromkeys(aheads, arena)

@@ -98,7 +98,7 @@ AMX_STATUS = _load_amx()
 # rows walk the next tile, tile records are requested 192 bytes ahead. On Zen 4 (BENCHMARKS.md, issue #29
 # session 21) the walk is the best of those tried for stored rows (Q6_K at 2 threads: 28 GB/s against 15-18
 # at 128-1024 bytes ahead), and 128-256 bytes ahead the best for tile records (Q4_K 31 GB/s against 24 with
-# the walk, Q8_0 30.6 against 27.4), with one more line a page further on (1.06-1.08x decode, session 25).
+# the walk, Q8_0 30.6 against 27.4), with one more line a page further on (1.02-1.08x decode, session 25).
 # "stream": both in-stream, the distances measured best on an Intel Xeon (session 17; the line a page on not
 # measured there). LLAMACY_PREFETCH=tile or stream overrides the CPU's choice.
 PREFETCH_MODES = {"tile": (0, 192, 4096), "stream": (1024, 2048, 0)}

@@ -129,12 +129,12 @@ cdef enum:
 # bytes ahead in each row, 12 (BENCHMARKS.md). pf_rec_ahead > 0: the load-time tiles' one stream of records
 # is requested that many bytes ahead (Zen 4: 192 bytes, Q4_K 24 -> 31 GB/s at 2 threads); 0: they too walk
 # the next tile. pf_page_ahead > 0 (with pf_rec_ahead): each record also asks for one line into L2 that many
-# bytes beyond the line it requests: Zen 4, 2 threads, decode with and without it alternating 16 times
-# in one process, 8 tokens each: llama-3.2-1b Q4_0 1.06x, Q4_K_M 1.08x, qwen2.5-1.5b Q4_K_M 1.08x at 4096
-# bytes (1.03-1.08x at 1024 and 2048; the same setting measured again as a control: 0.98-1.02x). The
-# kernel's requests for the attention rows gained the same way (attention.h, lc_att_prefetch_rows):
-# requests into a page that nothing has touched yet fare badly, and the line a page ahead starts each page
-# early.
+# bytes beyond the line it requests: Zen 4, 2 threads, decode with and without it alternating 16-24 times
+# in one process, 8 tokens each, at 4096 bytes: llama-3.2-1b Q4_0 1.03-1.06x, Q4_K_M 1.08x, qwen2.5-1.5b
+# Q4_K_M 1.05-1.08x, Q8_0 and qwen2.5-3b 1.02x (1.00-1.08x at 1024 and 2048; the same setting measured
+# again as a control: 0.98-1.02x). The products alone, back to back, gain 1.01x (benchmarks/bench_pages.py
+# --page-ahead): the line helps the streams that other work interrupts. It is the attention kernel's line a
+# page ahead (attention.h, lc_att_prefetch_rows), where requests that open a page were shown to fare badly.
 cdef Py_ssize_t pf_row_ahead = 0
 cdef Py_ssize_t pf_rec_ahead = 0
 cdef Py_ssize_t pf_page_ahead = 0

@@ -275,6 +275,26 @@ def test_threads_give_identical_results(t, impl):
         assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32)), n
 
 
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_stolen_rows_give_identical_results(t):
+    # Decode products hand out their rows as ranges that threads done early steal from (matmul.steal_set):
+    # whoever computes a row, and with or without stealing, every thread count gives the same bits.
+    rng = np.random.default_rng(11)
+    cols = 512 if t in KQUANTS else 96
+    data = make_weights(t, 530, cols, rng)  # 34 units of 16 rows, the last one short
+    for n in (1, 3, 8):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        y1 = mm.matmul_py(data, int(t), x, nthreads=1)
+        try:
+            for steal in (True, False):
+                mm.steal_set(steal)
+                for nthreads in (2, 3, 4):
+                    y = mm.matmul_py(data, int(t), x, nthreads=nthreads)
+                    assert np.array_equal(y1.view(np.uint32), y.view(np.uint32)), (n, steal, nthreads)
+        finally:
+            mm.steal_set(True)
+
+
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q3_K, T.BF16], ids=lambda t: t.name)
 def test_many_tokens_cross_chunks(t):
     rng = np.random.default_rng(6)

@@ -19,6 +19,20 @@ def test_every_item_exactly_once(n_items, chunk, nthreads):
     assert (counts == 3).all()
 
 
+@pytest.mark.parametrize("units", [0, 1, 2, 5, 64, 997])
+@pytest.mark.parametrize("nthreads", [1, 2, 3, 4])
+def test_ranges_every_unit_exactly_once(units, nthreads):
+    # Decode products' rows: owners take from the front of their range, threads done early steal from the
+    # back of the others' (ranges.h). The work per unit keeps owners and thieves on the same ranges at once.
+    counts = testing.check_ranges(units, nthreads, repeats=50, spin=200)
+    np.testing.assert_array_equal(counts, np.full(units, 50))
+
+
+def test_ranges_many_jobs_in_a_row():
+    # Thousands of short jobs: a late worker must neither miss its range nor take units of the next job's.
+    np.testing.assert_array_equal(testing.check_ranges(37, 3, repeats=20000), 20000)
+
+
 def test_many_jobs_in_a_row():
     # Thousands of short jobs: a worker that wakes late for one job must not claim items of the next.
     counts = testing.check_coverage(97, 1, 3, repeats=20000)

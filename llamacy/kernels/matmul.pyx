@@ -10,7 +10,7 @@
 #
 # Output rows are split over the thread team (parallel.pxd) in chunks of SPLIT_ROWS; nthreads == 1 uses no
 # other thread.
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libc.stdio cimport fflush, fprintf, stderr
 from libc.stdlib cimport abort
 
@@ -187,10 +187,29 @@ def kernel_path():
 # Dispatch
 
 
+cdef extern from "ranges.h" nogil:
+    ctypedef struct lc_range:
+        pass
+    ctypedef void (*lc_units_fn)(void* ctx, uint32_t u0, uint32_t n) noexcept nogil
+    void lc_ranges_split(lc_range* ranges, int n, uint32_t units)
+    void lc_ranges_work(lc_range* ranges, int n, int64_t begin, int64_t end, lc_units_fn fn, void* ctx)
+
+
+# Decode products hand out their rows as ranges that threads steal from (ranges.h); off: one fixed range a
+# thread, as before (benchmarks compare the two in one process; the results are the same bits either way).
+cdef bint _steal = True
+
+
+def steal_set(bint on):
+    global _steal
+    _steal = on
+
+
 # Threads split the output rows into chunks of SPLIT_ROWS (a multiple of every kernel's row tile and work
 # item, so each row is computed exactly as on one thread), handed out by the thread team (parallel.pxd).
 cdef enum:
     SPLIT_ROWS = 16
+    MAX_RANGES = 64
 
 
 ctypedef struct MMJob:
@@ -205,6 +224,20 @@ ctypedef struct MMJob:
     float* Y
     Py_ssize_t ldy
     int impl
+    lc_range* ranges
+    int n_ranges
+
+
+cdef void _mm_units(void* ctx, uint32_t u0, uint32_t nu) noexcept nogil:
+    """Rows of units u0..u0+nu-1 (SPLIT_ROWS each) of a product, on this thread."""
+    cdef const MMJob* j = <const MMJob*> ctx
+    cdef Py_ssize_t r0 = u0 * SPLIT_ROWS, r1 = min(j.rows, (u0 + nu) * SPLIT_ROWS)
+    matmul_impl(j.W + r0 * j.row_bytes, j.wtype, r1 - r0, j.cols, j.xq, j.n_tok, j.Y + r0, j.ldy, 1, j.impl)
+
+
+cdef void _mm_steal_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef MMJob* j = <MMJob*> ctx
+    lc_ranges_work(j.ranges, j.n_ranges, begin, end, _mm_units, ctx)
 
 
 cdef void _mm_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
@@ -226,14 +259,43 @@ cdef void mm_scalar(vec_dot_fn fn, const uint8_t* W, Py_ssize_t wrb, Py_ssize_t 
             Y[t * ldy + r] = fn(W + r * wrb, X + t * xrb, cols)
 
 
+cdef void _mm_split(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
+                    Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads, int impl,
+                    Py_ssize_t row_bytes) noexcept nogil:
+    """matmul_impl's rows over the thread team."""
+    cdef MMJob job
+    cdef lc_range ranges[MAX_RANGES]
+    job.W = W
+    job.wtype = wtype
+    job.cols = cols
+    job.rows = rows
+    job.row_bytes = row_bytes
+    job.xq = xq
+    job.n_tok = n_tok
+    job.Y = Y
+    job.ldy = ldy
+    job.impl = impl
+    # Decode and small batches stream the weights from memory: one contiguous range per thread keeps each
+    # thread's reads one sequential stream for the prefetchers, and a thread done with its range takes over
+    # the back of what another has left (ranges.h). Prefill is compute-bound: eight chunks per thread, so
+    # that a thread the OS runs late costs the others little.
+    if n_tok <= 8 and _steal and nthreads <= MAX_RANGES:
+        lc_ranges_split(ranges, nthreads, (rows + SPLIT_ROWS - 1) // SPLIT_ROWS)
+        job.ranges = ranges
+        job.n_ranges = nthreads
+        parallel_for(_mm_steal_task, &job, nthreads, 1, nthreads)
+        return
+    cdef Py_ssize_t per_thread = 1 if n_tok <= 8 else 8
+    job.chunk_rows = SPLIT_ROWS * max(1, rows // (SPLIT_ROWS * per_thread * nthreads))
+    parallel_for(_mm_task, &job, (rows + job.chunk_rows - 1) // job.chunk_rows, 1, nthreads)
+
+
 cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil:
     cdef const type_traits* tt = type_traits_of(wtype)
     cdef bint vnni = impl == IMPL_VNNI or (impl == IMPL_AUTO and _vnni_on)
     cdef bint simd = vnni or impl == IMPL_SIMD or (impl == IMPL_AUTO and HAVE_SIMD)
-    cdef Py_ssize_t per_thread
-    cdef MMJob job
     if tt == NULL:
         unknown_type(b"matmul", wtype)
     if rows <= 0 or n_tok <= 0:
@@ -246,22 +308,8 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
             unknown_type(b"matmul of 8-row tiles (AVX-512 VNNI only)", wtype)
         tiled = slot[0]
     if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
-        # Decode and small batches stream the weights from memory: one contiguous range per thread keeps
-        # each thread's reads one sequential stream for the prefetchers. Prefill is compute-bound: eight
-        # chunks per thread, so that a thread the OS runs late costs the others little.
-        per_thread = 1 if n_tok <= 8 else 8
-        job.W = W
-        job.wtype = wtype
-        job.cols = cols
-        job.rows = rows
-        job.row_bytes = layout_row_bytes(impl - IMPL_TILED, cols) if tiled != NULL else traits_row_bytes(tt, cols)
-        job.chunk_rows = SPLIT_ROWS * max(1, rows // (SPLIT_ROWS * per_thread * nthreads))
-        job.xq = xq
-        job.n_tok = n_tok
-        job.Y = Y
-        job.ldy = ldy
-        job.impl = impl
-        parallel_for(_mm_task, &job, (rows + job.chunk_rows - 1) // job.chunk_rows, 1, nthreads)
+        _mm_split(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, impl,
+                  layout_row_bytes(impl - IMPL_TILED, cols) if tiled != NULL else traits_row_bytes(tt, cols))
         return
     if tiled != NULL:
         if not tiled(W, rows, cols, xq, n_tok, Y, ldy):

@@ -1,8 +1,9 @@
 # Helpers for the tests and benchmarks, kept out of the production modules: a C-timed matrix product loop
-# (benchmarks/bench_kernels*.py), a thread-team coverage count (tests/test_parallel.py) and Python-level
+# (benchmarks/bench_kernels*.py), thread-team coverage counts (tests/test_parallel.py) and Python-level
 # entry points to the layer loop's element-wise operations and attention (tests/test_ops.py and
 # tests/test_kv_formats.py check them against numpy; benchmarks/bench_attention.py times decode attention).
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free
 
 import time
 
@@ -86,6 +87,74 @@ def check_coverage(int64_t n_items, int64_t chunk, int nthreads, int repeats=1):
         for r in range(repeats):
             parallel_for(_count_task, &c, n_items, chunk, nthreads)
     return counts[:n_items]
+
+
+# Ranges taken from the front by their owners and stolen from the back (ranges.h): every unit exactly once.
+
+cdef extern from "ranges.h" nogil:
+    ctypedef struct lc_range:
+        pass
+    ctypedef void (*lc_units_fn)(void* ctx, uint32_t u0, uint32_t n) noexcept nogil
+    void lc_ranges_split(lc_range* ranges, int n, uint32_t units)
+    void lc_ranges_work(lc_range* ranges, int n, int64_t begin, int64_t end, lc_units_fn fn, void* ctx)
+
+cdef extern from "stdlib.h" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)
+
+cdef extern from *:
+    """
+    static inline void lc_test_count(int *p) { __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
+    """
+    void lc_test_count(int* p) noexcept nogil
+
+ctypedef struct _RangesCtx:
+    lc_range* ranges
+    int n_ranges
+    int* counts
+    int spin  # busy iterations per unit, so that owners and thieves overlap
+
+
+cdef void _count_units(void* ctx, uint32_t u0, uint32_t n) noexcept nogil:
+    cdef _RangesCtx* c = <_RangesCtx*> ctx
+    cdef uint32_t u
+    cdef int i
+    cdef volatile int sink = 0
+    for u in range(u0, u0 + n):
+        lc_test_count(&c.counts[u])
+        for i in range(c.spin):
+            sink = sink + i
+
+
+cdef void _ranges_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    cdef _RangesCtx* c = <_RangesCtx*> ctx
+    lc_ranges_work(c.ranges, c.n_ranges, begin, end, _count_units, ctx)
+
+
+def check_ranges(uint32_t units, int nthreads, int repeats=1, int spin=0):
+    """Run `repeats` jobs of `units` units split into one range per thread (the decode products' way);
+    return how often each unit was visited (all should be repeats)."""
+    if not 1 <= nthreads <= 64:
+        raise ValueError("nthreads must be 1..64")
+    counts = np.zeros(max(units, 1), dtype=np.intc)
+    cdef int[::1] cv = counts
+    cdef lc_range* ranges = <lc_range*> aligned_alloc(64, 64 * 64)
+    if ranges == NULL:
+        raise MemoryError()
+    cdef _RangesCtx c
+    c.ranges = ranges
+    c.n_ranges = nthreads
+    c.counts = &cv[0]
+    c.spin = spin
+    cdef int r
+    ensure_threads(nthreads)
+    try:
+        with nogil:
+            for r in range(repeats):
+                lc_ranges_split(ranges, nthreads, units)
+                parallel_for(_ranges_task, &c, nthreads, 1, nthreads)
+    finally:
+        free(ranges)
+    return counts[:units]
 
 
 # The element-wise operations of ops.pyx.

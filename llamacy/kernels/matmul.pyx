@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from llamacy.kernels.parallel cimport parallel_for
+from llamacy.kernels.ranges cimport lc_range, lc_ranges_split, lc_ranges_work
 from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
@@ -185,14 +186,6 @@ def kernel_path():
 
 # =========================================================================================================
 # Dispatch
-
-
-cdef extern from "ranges.h" nogil:
-    ctypedef struct lc_range:
-        pass
-    ctypedef void (*lc_units_fn)(void* ctx, uint32_t u0, uint32_t n) noexcept nogil
-    void lc_ranges_split(lc_range* ranges, int n, uint32_t units)
-    void lc_ranges_work(lc_range* ranges, int n, int64_t begin, int64_t end, lc_units_fn fn, void* ctx)
 
 
 # Decode products hand out their rows as ranges that threads steal from (ranges.h); off: one fixed range a

@@ -13,6 +13,7 @@ from llamacy.kernels.matmul cimport matmul_impl
 from llamacy.kernels.ops cimport (KV_F16, KV_F32, KV_Q4_0, KV_Q8_0, N_KV_FORMATS, attend_group, kv_row_bytes,
                                   rmsnorm, rope, rope_table, store_kv_row)
 from llamacy.kernels.parallel cimport parallel_for
+from llamacy.kernels.ranges cimport lc_range, lc_ranges_split, lc_ranges_work
 
 from llamacy.kernels.matmul import operands
 from llamacy.kernels.parallel import ensure_threads
@@ -90,13 +91,6 @@ def check_coverage(int64_t n_items, int64_t chunk, int nthreads, int repeats=1):
 
 
 # Ranges taken from the front by their owners and stolen from the back (ranges.h): every unit exactly once.
-
-cdef extern from "ranges.h" nogil:
-    ctypedef struct lc_range:
-        pass
-    ctypedef void (*lc_units_fn)(void* ctx, uint32_t u0, uint32_t n) noexcept nogil
-    void lc_ranges_split(lc_range* ranges, int n, uint32_t units)
-    void lc_ranges_work(lc_range* ranges, int n, int64_t begin, int64_t end, lc_units_fn fn, void* ctx)
 
 cdef extern from "stdlib.h" nogil:
     void* aligned_alloc(size_t alignment, size_t size)

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from llamacy.kernels.parallel cimport parallel_for
-from llamacy.kernels.ranges cimport lc_range, lc_ranges_split, lc_ranges_work
+from llamacy.kernels.ranges cimport LC_RANGES_MAX, lc_range, lc_ranges_split, lc_ranges_work
 from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
@@ -202,7 +202,6 @@ def steal_set(bint on):
 # item, so each row is computed exactly as on one thread), handed out by the thread team (parallel.pxd).
 cdef enum:
     SPLIT_ROWS = 16
-    MAX_RANGES = 64
 
 
 ctypedef struct MMJob:
@@ -257,7 +256,7 @@ cdef void _mm_split(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t col
                     Py_ssize_t row_bytes) noexcept nogil:
     """matmul_impl's rows over the thread team."""
     cdef MMJob job
-    cdef lc_range ranges[MAX_RANGES]
+    cdef lc_range ranges[LC_RANGES_MAX]
     job.W = W
     job.wtype = wtype
     job.cols = cols
@@ -272,7 +271,7 @@ cdef void _mm_split(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t col
     # thread's reads one sequential stream for the prefetchers, and a thread done with its range takes over
     # the back of what another has left (ranges.h). Prefill is compute-bound: eight chunks per thread, so
     # that a thread the OS runs late costs the others little.
-    if n_tok <= 8 and _steal and nthreads <= MAX_RANGES:
+    if n_tok <= 8 and _steal and nthreads <= LC_RANGES_MAX:
         lc_ranges_split(ranges, nthreads, (rows + SPLIT_ROWS - 1) // SPLIT_ROWS)
         job.ranges = ranges
         job.n_ranges = nthreads

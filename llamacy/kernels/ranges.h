@@ -25,6 +25,9 @@ typedef struct {
     alignas(64) _Atomic uint64_t w;
 } lc_range;
 
+/* The most ranges a caller keeps (on its stack): a team of more threads splits its products as before. */
+#define LC_RANGES_MAX 64
+
 static inline void lc_range_init(lc_range *r, uint32_t lo, uint32_t hi) {
     atomic_store_explicit(&r->w, ((uint64_t)hi << 32) | lo, memory_order_relaxed);
 }

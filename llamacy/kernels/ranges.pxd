@@ -5,6 +5,7 @@ from libc.stdint cimport int64_t, uint32_t
 cdef extern from "ranges.h" nogil:
     ctypedef struct lc_range:
         pass
+    enum: LC_RANGES_MAX  # the most ranges a caller keeps (on its stack)
     ctypedef void (*lc_units_fn)(void* ctx, uint32_t u0, uint32_t n) noexcept nogil
     # ranges[i] = units i * units / n .. (i + 1) * units / n - 1, one for each thread of a team of n.
     void lc_ranges_split(lc_range* ranges, int n, uint32_t units)

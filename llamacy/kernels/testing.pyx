@@ -3,7 +3,6 @@
 # entry points to the layer loop's element-wise operations and attention (tests/test_ops.py and
 # tests/test_kv_formats.py check them against numpy; benchmarks/bench_attention.py times decode attention).
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free
 
 import time
 
@@ -13,7 +12,7 @@ from llamacy.kernels.matmul cimport matmul_impl
 from llamacy.kernels.ops cimport (KV_F16, KV_F32, KV_Q4_0, KV_Q8_0, N_KV_FORMATS, attend_group, kv_row_bytes,
                                   rmsnorm, rope, rope_table, store_kv_row)
 from llamacy.kernels.parallel cimport parallel_for
-from llamacy.kernels.ranges cimport lc_range, lc_ranges_split, lc_ranges_work
+from llamacy.kernels.ranges cimport LC_RANGES_MAX, lc_range, lc_ranges_split, lc_ranges_work
 
 from llamacy.kernels.matmul import operands
 from llamacy.kernels.parallel import ensure_threads
@@ -92,9 +91,6 @@ def check_coverage(int64_t n_items, int64_t chunk, int nthreads, int repeats=1):
 
 # Ranges taken from the front by their owners and stolen from the back (ranges.h): every unit exactly once.
 
-cdef extern from "stdlib.h" nogil:
-    void* aligned_alloc(size_t alignment, size_t size)
-
 cdef extern from *:
     """
     static inline void lc_test_count(int *p) { __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
@@ -127,13 +123,11 @@ cdef void _ranges_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
 def check_ranges(uint32_t units, int nthreads, int repeats=1, int spin=0):
     """Run `repeats` jobs of `units` units split into one range per thread (the decode products' way);
     return how often each unit was visited (all should be repeats)."""
-    if not 1 <= nthreads <= 64:
-        raise ValueError("nthreads must be 1..64")
+    if not 1 <= nthreads <= LC_RANGES_MAX:
+        raise ValueError(f"nthreads must be 1..{LC_RANGES_MAX}")
     counts = np.zeros(max(units, 1), dtype=np.intc)
     cdef int[::1] cv = counts
-    cdef lc_range* ranges = <lc_range*> aligned_alloc(64, 64 * 64)
-    if ranges == NULL:
-        raise MemoryError()
+    cdef lc_range ranges[LC_RANGES_MAX]
     cdef _RangesCtx c
     c.ranges = ranges
     c.n_ranges = nthreads
@@ -141,13 +135,10 @@ def check_ranges(uint32_t units, int nthreads, int repeats=1, int spin=0):
     c.spin = spin
     cdef int r
     ensure_threads(nthreads)
-    try:
-        with nogil:
-            for r in range(repeats):
-                lc_ranges_split(ranges, nthreads, units)
-                parallel_for(_ranges_task, &c, nthreads, 1, nthreads)
-    finally:
-        free(ranges)
+    with nogil:
+        for r in range(repeats):
+            lc_ranges_split(ranges, nthreads, units)
+            parallel_for(_ranges_task, &c, nthreads, 1, nthreads)
     return counts[:units]
 
 

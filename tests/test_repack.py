@@ -34,7 +34,10 @@ from llamacy.model.repack import (
     repack_enabled,
 )
 
-needs_tiles = pytest.mark.skipif(not mm.tiles_available(), reason="8-row tiles need AVX-512 VNNI")
+needs_tiles = pytest.mark.skipif(not mm.tiles_available(), reason="every tile layout needs AVX-512 VNNI")
+needs_q4_0_tiles = pytest.mark.skipif(
+    not mm.layout_available(LAYOUT_Q4_0_X8), reason="no kernel reads Q4_0 tiles here (a portable build)"
+)
 LAYOUT = {
     QT.Q4_0: LAYOUT_Q4_0_X8,
     QT.Q4_1: LAYOUT_Q4_1_X8,
@@ -44,6 +47,15 @@ LAYOUT = {
     QT.Q5_0: LAYOUT_Q5_0_X8,
     QT.Q5_K: LAYOUT_Q5_K_X8,
 }
+
+
+def need_layout(wtype: QT) -> None:
+    """Skip where no kernel reads this type's tiles: every type's where the AVX-512 VNNI kernels are on,
+    Q4_0's, Q8_0's, Q4_K's and Q6_K's on any AVX2 build (mm_avx2_x8.pxi, mm_avx2_kx8.pxi)."""
+    if not mm.layout_available(LAYOUT[wtype]):
+        pytest.skip(f"no kernel reads {wtype.name} tiles here")
+
+
 TYPES = pytest.mark.parametrize(
     "wtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q8_0, QT.Q6_K], ids=lambda t: t.name
 )
@@ -201,12 +213,12 @@ def test_shapes_that_do_not_tile_are_refused():
         rp.repack_tiles(int(QT.Q4_K), _quantized(QT.Q4_K, 8, 256)[:7], 8, 256)
 
 
-@needs_tiles
 @pytest.mark.parametrize(("rows", "cols"), [(8, 256), (48, 512), (256, 1024)])
 @TYPES
 def test_tiles_give_the_stored_rows_bits(wtype, rows, cols):
     """Every token count either side of the kernel's limits (4-token tiles, the 64-token chunk) and 1 and
     2 threads: bit for bit what the stored rows give through matmul."""
+    need_layout(wtype)
     raw = _quantized(wtype, rows, cols, seed=rows)
     tiles, layout = rp.repack_tiles(int(wtype), raw, rows, cols, 1)
     rng = np.random.default_rng(cols)
@@ -218,12 +230,12 @@ def test_tiles_give_the_stored_rows_bits(wtype, rows, cols):
             np.testing.assert_array_equal(got, want, err_msg=f"n={n} threads={threads}")
 
 
-@needs_tiles
 @pytest.mark.parametrize(("rows", "cols"), [(16, 256), (40, 512), (56, 1024)])
 @TYPES
 def test_tile_pairs_give_the_single_tiles_bits(wtype, rows, cols):
     """A prompt's products take the tiles two at a time in 512-bit vectors (x16.h); an odd tile out (40 rows,
     and at 2 threads 56) goes alone: on or off, every chunk's tail, the same bits as the stored rows."""
+    need_layout(wtype)
     raw = _quantized(wtype, rows, cols, seed=cols)
     tiles, layout = rp.repack_tiles(int(wtype), raw, rows, cols, 1)
     x = np.random.default_rng(rows).standard_normal((197, cols)).astype(np.float32)
@@ -255,7 +267,7 @@ def test_wide_q5_0_rows_pair_their_tiles():
         np.testing.assert_array_equal(mm.matmul_tiled_py(tiles, layout, rows, x, nthreads=threads), want)
 
 
-@needs_tiles
+@needs_q4_0_tiles
 def test_tile_product_checks_its_operands():
     raw = _quantized(QT.Q4_0, 16, 64)
     tiles, layout = rp.repack_tiles(int(QT.Q4_0), raw, 16, 64)
@@ -299,10 +311,9 @@ def test_repack_off_by_environment(monkeypatch):
     monkeypatch.setenv("LLAMACY_REPACK", "0")
     assert not repack_enabled()
     monkeypatch.delenv("LLAMACY_REPACK")
-    assert repack_enabled() == mm.tiles_available()
+    assert repack_enabled() == mm.any_tiles_available()
 
 
-@needs_tiles
 @pytest.mark.parametrize(
     ("wtype", "tied"),
     [
@@ -320,6 +331,7 @@ def test_model_gives_the_same_bits_repacked(tiny_model, monkeypatch, wtype, tied
     """A Q4_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q8_0 / Q6_K model loaded repacked and as stored: the same logits bit for bit,
     whole prompt, micro-batches and one token at a time, 1 and 2 threads; its layer matrices and its output
     head are tiles (a tied head too: its own copy), its token embeddings rows."""
+    need_layout(wtype)
     wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, tie_embeddings=tied, **wide)
     ids = np.random.default_rng(3).integers(0, 300, 40).tolist()
@@ -346,7 +358,6 @@ def _greedy_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
     return out
 
 
-@needs_tiles
 @pytest.mark.parametrize(
     ("wtype", "share"),
     [
@@ -363,6 +374,7 @@ def test_deferred_repack_gives_the_load_time_bits(tiny_model, monkeypatch, wtype
     """Repacked between evaluations (the default): the prompt runs on the stored rows with nothing packed,
     later steps swap matrices in (share 0: one a step; 1: as long as the last step took), and every step's
     logits are the bits of a model repacked at load; at the end every matrix is a tile, as at load."""
+    need_layout(wtype)
     monkeypatch.setattr(Model, "REPACK_SHARE", share)
     wide = {"n_embd": 256, "n_ff": 512, "head_dim": 64} if wtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else {}
     path = tiny_model("llama", wtype, tie_embeddings=False, **wide)
@@ -407,7 +419,7 @@ def test_deferred_repack_order_and_stop(tiny_model):
     assert weights.deferred.done and not weights.deferred.advance(0.0)
 
 
-@needs_tiles
+@needs_q4_0_tiles
 def test_load_packs_while_the_tokenizer_builds(tiny_model, monkeypatch):
     """A deferred load packs while its tokenizer is built and stops when that is ready: with a tokenizer
     that takes long enough, a tiny model is all tiles by the end of the load; a model's first evaluation
@@ -432,7 +444,7 @@ def test_load_packs_while_the_tokenizer_builds(tiny_model, monkeypatch):
     assert llm.weights.deferred.generation == packed
 
 
-@needs_tiles
+@needs_q4_0_tiles
 def test_deferred_repack_rebinds_every_model(tiny_model):
     """Models over one deferred binding: one packs, another built before then picks the swapped matrices up
     at its next evaluation and gives the same bits as the first."""
@@ -457,7 +469,7 @@ def test_repack_mode_is_checked(tiny_model):
         Llama(tiny_model("llama", QT.Q4_0), n_threads=1, repack="later")
 
 
-@needs_tiles
+@needs_q4_0_tiles
 def test_repack_mode_follows_the_environment(tiny_model, monkeypatch):
     """Deferred by default; LLAMACY_REPACK=load repacks at load, =0 never; profiling repacks at load."""
     path = tiny_model("llama", QT.Q4_0)
@@ -471,7 +483,7 @@ def test_repack_mode_follows_the_environment(tiny_model, monkeypatch):
     assert llm.weights.deferred is None and llm.weights.layers[0]["wq"].layout == LAYOUT_STORED
 
 
-@needs_tiles
+@needs_q4_0_tiles
 def test_models_over_one_file_share_the_tiles(tiny_model):
     """Two Llama objects over one file hold one copy of each repacked matrix, as they share page cache."""
     path = tiny_model("llama", QT.Q4_0)

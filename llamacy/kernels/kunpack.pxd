@@ -132,3 +132,18 @@ cdef inline void unpack_k(const kblock* b, uint8_t* u, __m256i* S, __m256i* O, f
         O[0] = _mm256_slli_epi16(S[0], 5)
         d[0] = fp16(b.d)
         doff[0] = d[0]
+
+
+# Q6_K: the unsigned 6-bit values 32s..32s+31 (s = 4n + j) from the low bits a (ql[64n..]), c (ql[64n+32..])
+# and the high bits hb (qh[32n..]); the formulas of unpack_k's Q6_K branch. Shared by the AVX2 and VNNI tiles.
+cdef inline __m256i k6_values(__m256i a, __m256i c, __m256i hb, int j) noexcept nogil:
+    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
+    cdef __m256i m3 = _mm256_set1_epi8(0x30)
+    if j == 0:
+        return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m3))
+    elif j == 1:
+        return _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m3))
+    elif j == 2:
+        return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, m3))
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m3))

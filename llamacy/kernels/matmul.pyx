@@ -75,6 +75,9 @@ if AVX512_STATUS == "available":
         _vnni_on = True
     else:
         AVX512_STATUS = "off (LLAMACY_NO_AVX512)"
+        from llamacy.kernels.traits import use_avx2_layouts
+
+        use_avx2_layouts()  # no AVX-512 instruction runs: the tiles the AVX2 kernels read, and only those
 
 
 def _load_amx():
@@ -162,15 +165,25 @@ def vnni_available():
 
 
 def tiles_available():
-    """True if matmul reads weights repacked into 8-row tiles (kernels/repack.pyx) here: the VNNI kernels
-    are on (this CPU, this build, LLAMACY_NO_AVX512 unset)."""
+    """True if matmul reads every tiled layout (kernels/repack.pyx) here: the VNNI kernels are on (this CPU,
+    this build, LLAMACY_NO_AVX512 unset)."""
     cdef int layout
-    if not _vnni_on:
-        return False
     for layout in range(1, N_LAYOUTS):
-        if layout_slot(layout)[0] == NULL:
+        if not layout_available(layout):
             return False
     return True
+
+
+def layout_available(int layout):
+    """True if matmul has a kernel for this tiled layout here: every layout where the VNNI kernels are on,
+    Q4_0's (LAYOUT_Q4_0_X8) on any AVX2 build."""
+    cdef mm_try_fn* slot = layout_slot(layout)
+    return slot != NULL and slot[0] != NULL
+
+
+def any_tiles_available():
+    """True if matmul reads some tiled layout here (layout_available)."""
+    return any(layout_available(layout) for layout in range(1, N_LAYOUTS))
 
 
 def kernel_path():
@@ -297,7 +310,7 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
     if impl >= IMPL_TILED:
         slot = layout_slot(impl - IMPL_TILED)
         if slot == NULL or slot[0] == NULL:
-            unknown_type(b"matmul of 8-row tiles (AVX-512 VNNI only)", wtype)
+            unknown_type(b"matmul of 8-row tiles (no kernel for this layout here)", wtype)
         tiled = slot[0]
     if nthreads > 1 and rows >= 2 * SPLIT_ROWS:
         _mm_split(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, impl,
@@ -428,8 +441,6 @@ def matmul_py(W_rows, int wtype, x, int nthreads=1, impl="auto", out=None):
 def matmul_tiled_py(W_tiles, int layout, Py_ssize_t rows, x, int nthreads=1):
     """Y[n, rows] = x[n, cols] @ W.T for a matrix repacked by repack.repack_tiles into `layout` (flat
     uint8, rows a multiple of 8), through the kernel the model runs for it."""
-    if not tiles_available():
-        raise ValueError(f"8-row tiles need the AVX-512 VNNI kernels: {AVX512_STATUS}")
     cdef int wtype = {LAYOUT_Q4_0_X8: T_Q4_0, LAYOUT_Q4_1_X8: T_Q4_1, LAYOUT_Q4_K_X8: T_Q4_K,
                       LAYOUT_Q6_K_X8: T_Q6_K, LAYOUT_Q8_0_X8: T_Q8_0, LAYOUT_Q5_0_X8: T_Q5_0,
                       LAYOUT_Q5_K_X8: T_Q5_K}.get(layout, -1)
@@ -442,6 +453,8 @@ def matmul_tiled_py(W_tiles, int layout, Py_ssize_t rows, x, int nthreads=1):
     Wa = np.ascontiguousarray(W_tiles).view(np.uint8).reshape(-1)
     if tile_layout(wtype, rows, cols) != layout or Wa.shape[0] != rows * layout_row_bytes(layout, cols):
         raise ValueError(f"W_tiles must be the {rows} x {cols} tiles repack_tiles makes")
+    if not layout_available(layout):
+        raise ValueError(f"no kernel reads tile layout {layout} here (AVX-512 VNNI: {AVX512_STATUS})")
     if nthreads < 1:
         raise ValueError(f"nthreads must be >= 1, got {nthreads}")
     nthreads = min(nthreads, ensure_threads(nthreads))

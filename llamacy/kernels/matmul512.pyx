@@ -64,7 +64,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, unpack_k
+from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, k6_values, unpack_k
 from llamacy.kernels.simd cimport *
 from llamacy.kernels.simd512 cimport *
 from llamacy.kernels.traits cimport (

@@ -55,21 +55,6 @@ cdef void ktoken_pairs(const block_q8k* X, Py_ssize_t n, int32_t* pairs) noexcep
                                       X[i].bsums[4 * k + 2] + X[i].bsums[4 * k + 3])
 
 
-# Q6_K: the unsigned 6-bit values 32s..32s+31 (s = 4n + j) from the low bits a (ql[64n..]), c (ql[64n+32..])
-# and the high bits hb (qh[32n..]); kunpack.pxd's formulas.
-cdef inline __m256i k6_values(__m256i a, __m256i c, __m256i hb, int j) noexcept nogil:
-    cdef __m256i m4 = _mm256_set1_epi8(0x0F)
-    cdef __m256i m3 = _mm256_set1_epi8(0x30)
-    if j == 0:
-        return _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m3))
-    elif j == 1:
-        return _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m3))
-    elif j == 2:
-        return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hb, m3))
-    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m3))
-
-
 # Rows w[0..nrows) (nb super-blocks each, nrows <= LR) into the records dst[0..nb); the other slots get
 # zeros, computed on and never stored.
 cdef void repack_klanes(const klblock* w, int nrows, Py_ssize_t nb, klanerec* dst) noexcept nogil:

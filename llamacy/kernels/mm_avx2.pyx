@@ -11,15 +11,22 @@
 #   decode (n_tok == 1): DR rows x 1 token (a matvec), prefetching the weights a few tiles ahead;
 #   prefill (n_tok > 1): PR rows x PT tokens, looping over token chunks of TCH inside a group of GR rows so
 #   that the group's weight rows stay in L1 while a chunk of activations stays in L2.
-# One walk (mm_avx2) serves every weight type; matmul.pyx splits the rows over the thread team. Nothing is
-# allocated per call: the tiles live on the stack. In a portable build these compile against simd.h's
-# plain-C intrinsics (for the tests); matmul runs the scalar twins (vecdot.pyx) there instead.
-from libc.stdint cimport int16_t, int32_t, uint8_t
+# One walk (mm_avx2) serves every weight type but Q4_0, Q4_K, Q6_K and Q8_0; matmul.pyx splits the rows over the
+# thread team. Nothing is allocated per call: the tiles live on the stack. In a portable build these compile
+# against simd.h's plain-C intrinsics (for the tests); matmul runs the scalar twins (vecdot.pyx) there.
+#
+# Q4_0, Q4_K, Q6_K and Q8_0 (most of a Q4_0, Q4_K_M or Q8_0 file's bytes) take 8 rows a tile, one float lane a row
+# (mm_avx2_x8.pxi and mm_avx2_kx8.pxi, included at the end): issue #29's row-lane float order, the VNNI
+# kernels' bits.
+from libc.stdint cimport int16_t, int32_t, uint8_t, uint16_t, uint32_t
+from libc.stdio cimport fflush, fprintf, stderr
+from libc.stdlib cimport abort
+from libc.string cimport memcpy, memset
 
 from llamacy.kernels.blocks cimport *
-from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, move_bit, unpack_k
+from llamacy.kernels.kunpack cimport k4_scales_mins, k45_quants, k6_values, move_bit, unpack_k
 from llamacy.kernels.simd cimport *
-from llamacy.kernels.values cimport fvalue
+from llamacy.kernels.values cimport fvalue, scale_min_k4
 
 # Tile shapes (see the header comment). MAXR/MAXT bound the register arrays.
 cdef enum:
@@ -483,3 +490,7 @@ cdef void mm_avx2(const wblock* W, Py_ssize_t rows, Py_ssize_t cols, const void*
         ngroups = (rows + GR - 1) // GR
         for g in range(ngroups):
             prefill_group(W, rows, n, X, n_tok, Y, ldy, g)
+
+
+include "mm_avx2_x8.pxi"
+include "mm_avx2_kx8.pxi"

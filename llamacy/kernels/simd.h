@@ -107,6 +107,7 @@ LC_I256(_mm256_inserti128_si256)(__m256i a, __m128i b, int i) { memcpy(a.u8 + 16
 /* --- integer arithmetic and logic --- */
 LC_I256(_mm256_and_si256)(__m256i a, __m256i b) { for (int i = 0; i < 4; i++) a.u64[i] &= b.u64[i]; return a; }
 LC_I256(_mm256_or_si256)(__m256i a, __m256i b) { for (int i = 0; i < 4; i++) a.u64[i] |= b.u64[i]; return a; }
+LC_I256(_mm256_xor_si256)(__m256i a, __m256i b) { for (int i = 0; i < 4; i++) a.u64[i] ^= b.u64[i]; return a; }
 LC_I256(_mm256_andnot_si256)(__m256i a, __m256i b) { for (int i = 0; i < 4; i++) a.u64[i] = ~a.u64[i] & b.u64[i]; return a; }
 LC_I256(_mm256_srli_epi16)(__m256i a, int n) { for (int i = 0; i < 16; i++) a.u16[i] = n > 15 ? 0 : (uint16_t)(a.u16[i] >> n); return a; }
 LC_I256(_mm256_slli_epi16)(__m256i a, int n) { for (int i = 0; i < 16; i++) a.u16[i] = n > 15 ? 0 : (uint16_t)(a.u16[i] << n); return a; }
@@ -192,6 +193,7 @@ LC_F256(_mm256_loadu_ps)(const float* p) { __m256 r; memcpy(&r, p, 32); return r
 static inline void _mm256_storeu_ps(float* p, __m256 a) { memcpy(p, &a, 32); }
 LC_F256(_mm256_add_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] += b.f[i]; return a; }
 LC_F256(_mm256_mul_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] *= b.f[i]; return a; }
+LC_F256(_mm256_sub_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] -= b.f[i]; return a; }
 LC_F256(_mm256_max_ps)(__m256 a, __m256 b) { for (int i = 0; i < 8; i++) a.f[i] = a.f[i] > b.f[i] ? a.f[i] : b.f[i]; return a; }
 LC_F256(_mm256_fmadd_ps)(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) a.f[i] = fmaf(a.f[i], b.f[i], c.f[i]); return a; }
 LC_F256(_mm256_fnmadd_ps)(__m256 a, __m256 b, __m256 c) { for (int i = 0; i < 8; i++) a.f[i] = fmaf(-a.f[i], b.f[i], c.f[i]); return a; }

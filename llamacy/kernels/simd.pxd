@@ -46,6 +46,7 @@ cdef extern from "simd.h" nogil:
     # integer arithmetic and logic
     __m256i _mm256_and_si256(__m256i a, __m256i b)
     __m256i _mm256_or_si256(__m256i a, __m256i b)
+    __m256i _mm256_xor_si256(__m256i a, __m256i b)
     __m256i _mm256_andnot_si256(__m256i a, __m256i b)
     __m256i _mm256_srli_epi16(__m256i a, int n)
     __m256i _mm256_slli_epi16(__m256i a, int n)
@@ -86,6 +87,7 @@ cdef extern from "simd.h" nogil:
     void _mm256_storeu_ps(float* p, __m256 a)
     __m256 _mm256_add_ps(__m256 a, __m256 b)
     __m256 _mm256_mul_ps(__m256 a, __m256 b)
+    __m256 _mm256_sub_ps(__m256 a, __m256 b)
     __m256 _mm256_max_ps(__m256 a, __m256 b)
     __m256 _mm256_fmadd_ps(__m256 a, __m256 b, __m256 c)
     __m256 _mm256_fnmadd_ps(__m256 a, __m256 b, __m256 c)

@@ -9,15 +9,19 @@ from libc.stdlib cimport abort
 
 from llamacy.kernels.blocks cimport *
 from llamacy.kernels.dequant cimport *
-from llamacy.kernels.mm_avx2 cimport mm_avx2
+from llamacy.kernels.mm_avx2 cimport (
+    mm_avx2, q4_0_rowlane_avx2, q4_0_x8_avx2, q4_k_rowlane_avx2, q4_k_x8_avx2, q6_k_rowlane_avx2, q6_k_x8_avx2,
+    q8_0_rowlane_avx2, q8_0_x8_avx2,
+)
 from llamacy.kernels.quantize_rows cimport *
 from llamacy.kernels.traits cimport from_float_fn, mm_fn, mm_try_fn, to_float_fn, type_traits, vec_dot_fn
+from llamacy.kernels.simd cimport HAVE_SIMD
 from llamacy.kernels.vecdot cimport *
 
 from llamacy import ggml_types
 
 cdef type_traits TRAITS[N_TYPE_IDS]
-cdef mm_try_fn LAYOUT_KERNELS[N_LAYOUTS]  # static: NULL until matmul512 fills them
+cdef mm_try_fn LAYOUT_KERNELS[N_LAYOUTS]  # avx2_layouts() below; matmul512 fills them all where VNNI is on
 
 
 cdef void row(int t, const char* name, Py_ssize_t blck_size, Py_ssize_t type_size, int act,
@@ -42,7 +46,7 @@ row(T_BF16, "BF16", 1,      sizeof(block_bf16), ACT_F32, <to_float_fn>deq_float[
     <vec_dot_fn>vd_float[block_bf16], <mm_fn>mm_avx2[block_bf16])
 row(T_Q4_0, "Q4_0", QK4_0,  sizeof(block_q4_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q4_0],
     <from_float_fn>q_legacy[block_q4_0],
-    <vec_dot_fn>vd_legacy[block_q4_0], <mm_fn>mm_avx2[block_q4_0])
+    <vec_dot_fn>vd_legacy[block_q4_0], <mm_fn>q4_0_rowlane_avx2)
 row(T_Q4_1, "Q4_1", QK4_1,  sizeof(block_q4_1), ACT_Q8A, <to_float_fn>deq_legacy[block_q4_1],
     <from_float_fn>q_legacy[block_q4_1],
     <vec_dot_fn>vd_legacy[block_q4_1], <mm_fn>mm_avx2[block_q4_1])
@@ -53,16 +57,36 @@ row(T_Q5_1, "Q5_1", QK5_1,  sizeof(block_q5_1), ACT_Q8A, <to_float_fn>deq_legacy
     <from_float_fn>q_legacy[block_q5_1],
     <vec_dot_fn>vd_legacy[block_q5_1], <mm_fn>mm_avx2[block_q5_1])
 row(T_Q8_0, "Q8_0", QK8_0,  sizeof(block_q8_0), ACT_Q8A, <to_float_fn>deq_legacy[block_q8_0], q_q8_0,
-    <vec_dot_fn>vd_legacy[block_q8_0], <mm_fn>mm_avx2[block_q8_0])
+    <vec_dot_fn>vd_legacy[block_q8_0], <mm_fn>q8_0_rowlane_avx2)
 row(T_Q2_K, "Q2_K", QK_K,   sizeof(block_q2_K), ACT_Q8K, <to_float_fn>deq_k23[block_q2_K], q_q2_K,
     <vec_dot_fn>vd_k23[block_q2_K], <mm_fn>mm_avx2[block_q2_K])
 row(T_Q3_K, "Q3_K", QK_K,   sizeof(block_q3_K), ACT_Q8K, <to_float_fn>deq_k23[block_q3_K], q_q3_K,
     <vec_dot_fn>vd_k23[block_q3_K], <mm_fn>mm_avx2[block_q3_K])
 row(T_Q4_K, "Q4_K", QK_K,   sizeof(block_q4_K), ACT_Q8K, <to_float_fn>deq_k45[block_q4_K], q_q4_K,
-    <vec_dot_fn>vd_k45[block_q4_K], <mm_fn>mm_avx2[block_q4_K])
+    <vec_dot_fn>vd_k45[block_q4_K], <mm_fn>q4_k_rowlane_avx2)
 row(T_Q5_K, "Q5_K", QK_K,   sizeof(block_q5_K), ACT_Q8K, <to_float_fn>deq_k45[block_q5_K], q_q5_K,
     <vec_dot_fn>vd_k45[block_q5_K], <mm_fn>mm_avx2[block_q5_K])
-row(T_Q6_K, "Q6_K", QK_K,   sizeof(block_q6_K), ACT_Q8K, deq_q6_K, q_q6_K, vd_q6_K, <mm_fn>mm_avx2[block_q6_K])
+row(T_Q6_K, "Q6_K", QK_K,   sizeof(block_q6_K), ACT_Q8K, deq_q6_K, q_q6_K, vd_q6_K, <mm_fn>q6_k_rowlane_avx2)
+
+
+cdef void avx2_layouts() noexcept:
+    cdef int layout
+    for layout in range(N_LAYOUTS):
+        LAYOUT_KERNELS[layout] = NULL
+    if HAVE_SIMD:  # (a portable build runs the scalar twins, which read no tiles)
+        LAYOUT_KERNELS[LAYOUT_Q4_0_X8] = q4_0_x8_avx2
+        LAYOUT_KERNELS[LAYOUT_Q4_K_X8] = q4_k_x8_avx2
+        LAYOUT_KERNELS[LAYOUT_Q6_K_X8] = q6_k_x8_avx2
+        LAYOUT_KERNELS[LAYOUT_Q8_0_X8] = q8_0_x8_avx2
+
+
+avx2_layouts()
+
+
+def use_avx2_layouts():
+    """The layout slots as the AVX2 kernels fill them (Q4_0's, Q4_K's, Q6_K's and Q8_0's tiles): matmul calls
+    this where it loaded the VNNI kernels (which fill every slot) but LLAMACY_NO_AVX512 keeps them off."""
+    avx2_layouts()
 
 
 cdef const type_traits* type_traits_of(int wtype) noexcept nogil:

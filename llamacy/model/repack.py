@@ -2,9 +2,10 @@
 
 On a CPU whose AVX-512 VNNI kernels are on, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K matrices go into
 8-row tiles (kernels/repack.pyx; read by matmul512_x8.pxi and matmul512_kx8.pxi), as llama.cpp's CPU
-"repack" buffers hold them. The row-lane kernels would otherwise transpose 8 rows' quants per block in
-every product of more than a few tokens (a server step of 8 sequences pays that on every matrix), and
-decode would unpack them row by row.
+"repack" buffers hold them. On any other AVX2 CPU, Q4_0, Q8_0, Q4_K and Q6_K do (read by mm_avx2_x8.pxi and
+mm_avx2_kx8.pxi; the other types keep the file's layout there: usable_layout). The row-lane kernels would
+otherwise transpose 8 rows' quants per block in every product of more than a few tokens (a server step of
+8 sequences pays that on every matrix), and decode would unpack them row by row.
 The tiles give the same numbers as the stored rows, bit for bit.
 
 When: a Llama repacks between evaluations by default (DeferredRepack below: the first token does not
@@ -67,12 +68,23 @@ _TILES: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
 
 
 def repack_enabled() -> bool:
-    """Whether repacking applies here: this CPU's VNNI kernels are on, LLAMACY_REPACK is not 0."""
+    """Whether repacking applies here: some tiled layout has a kernel (every one where this CPU's VNNI
+    kernels are on, Q4_0's on any AVX2 CPU), LLAMACY_REPACK is not 0."""
     if os.environ.get("LLAMACY_REPACK", "") == "0":
         return False
-    from llamacy.kernels.matmul import tiles_available
+    from llamacy.kernels.matmul import any_tiles_available
 
-    return bool(tiles_available())
+    return bool(any_tiles_available())
+
+
+def usable_layout(wtype: int, rows: int, cols: int) -> int:
+    """The tiled layout a matrix takes here: its shape's (kernels/repack.pyx's tile_layout) where a kernel
+    reads that layout on this CPU, else LAYOUT_STORED."""
+    from llamacy.kernels.matmul import layout_available
+    from llamacy.kernels.repack import tile_layout
+
+    layout = tile_layout(wtype, rows, cols)
+    return layout if layout != LAYOUT_STORED and layout_available(layout) else LAYOUT_STORED
 
 
 def repack_matrices(
@@ -84,12 +96,12 @@ def repack_matrices(
     each request its destination (tile_arena). key: where the bytes come from, to share the result within
     the process (None: not shared); release: data is a file mapping whose pages may be given back once
     copied."""
-    from llamacy.kernels.repack import repack_many, tile_layout
+    from llamacy.kernels.repack import repack_many
 
     results: list[tuple[Any, int] | None] = [None] * len(requests)
     todo = []
     for i, (wtype, rows, cols, _, key, _) in enumerate(requests):
-        layout = tile_layout(wtype, rows, cols)
+        layout = usable_layout(wtype, rows, cols)
         if layout == LAYOUT_STORED:
             continue
         tiles = _TILES.get(key) if key is not None else None
@@ -116,7 +128,10 @@ def tile_arena(requests: list[tuple]) -> list[Any]:
     written), so that matrices packed one at a time still share huge pages."""
     from llamacy.kernels.repack import arena, tiled_bytes
 
-    sizes = [tiled_bytes(wtype, rows, cols) for wtype, rows, cols, *_ in requests]
+    sizes = [
+        tiled_bytes(wtype, rows, cols) if usable_layout(wtype, rows, cols) != LAYOUT_STORED else 0
+        for wtype, rows, cols, *_ in requests
+    ]
     return [view if size else None for view, size in zip(arena(sizes), sizes, strict=True)]
 
 

@@ -16,7 +16,7 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       int impl) noexcept nogil
 
 # matmul of weights repacked at load into 8-row tiles of `layout` (traits.pxd's LAYOUT_*; repack.pyx; rows
-# a multiple of 8): the same numbers as the stored rows give. Only where tiles_available() (AVX-512 VNNI);
-# elsewhere it aborts.
+# a multiple of 8): the same numbers as the stored rows give. Only where layout_available(layout) (every
+# layout with AVX-512 VNNI, Q4_0 / Q8_0 / Q4_K / Q6_K on AVX2); elsewhere it aborts.
 cdef void matmul_tiled(const uint8_t* W, int wtype, int layout, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
                        Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil

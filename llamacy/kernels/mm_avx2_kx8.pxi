@@ -121,20 +121,25 @@ cdef inline void kx8_tokens_avx2(const kx8q4* rec, const block_q8k* X, const int
 # _pack_q4_k), rows past nrows all zero.
 cdef void kx8_gather(const block_q4_K* W, Py_ssize_t nb, int nrows, kx8q4* rec) noexcept nogil:
     cdef Py_ssize_t b
-    cdef int r, s, kk, g
+    cdef int r, s, kk
+    cdef const uint8_t* p[8]
+    cdef const block_q4_K* row[8]
+    cdef Py_ssize_t step[8]
     cdef const block_q4_K* wb
-    if nrows < X8R:
-        memset(rec, 0, nb * sizeof(kx8q4))
+    for r in range(8):  # the rows past nrows read one block of zeros throughout
+        row[r] = W + r * nb if r < nrows else <const block_q4_K*>ZERO_ROW
+        step[r] = 1 if r < nrows else 0
     for b in range(nb):
-        for r in range(nrows):
-            wb = W + r * nb + b
-            memcpy(&rec[b].d[r], &wb.d, 2)
-            memcpy(&rec[b].dmin[r], &wb.dmin, 2)
+        for r in range(8):
+            wb = row[r] + b * step[r]
+            rec[b].d[r] = wb.d
+            rec[b].dmin[r] = wb.dmin
             for s in range(8):
                 scale_min_k4(s, wb.scales, &rec[b].sc[s][r], &rec[b].mn[s // 2][2 * r + s % 2])
-            for kk in range(4):
-                for g in range(8):
-                    memcpy(&rec[b].q[kk][g][4 * r], &wb.qs[32 * kk + 4 * g], 4)
+        for kk in range(4):
+            for r in range(8):
+                p[r] = <const uint8_t*>(row[r] + b * step[r]).qs + 32 * kk
+            transpose8(p, <uint8_t*>rec[b].q[kk], 0)
 
 
 # The tokens' pairs (kx8_pairs) in this thread's scratch after `extra` bytes of the caller's; NULL if out of
@@ -306,20 +311,28 @@ cdef inline void kx86_tokens_avx2(const kx8q6* rec, const block_q8k* X, Py_ssize
 # Rows of a stored Q6_K matrix (nrows <= 8) as nb tile records (repack.pyx's _pack_q6_k), the rest zero.
 cdef void kx86_gather(const block_q6_K* W, Py_ssize_t nb, int nrows, kx8q6* rec) noexcept nogil:
     cdef Py_ssize_t b
-    cdef int r, m, kk
+    cdef int r, kk
+    cdef const uint8_t* p[8]
+    cdef const block_q6_K* row[8]
+    cdef Py_ssize_t step[8]
     cdef const block_q6_K* wb
-    if nrows < X8R:
-        memset(rec, 0, nb * sizeof(kx8q6))
+    for r in range(8):
+        row[r] = W + r * nb if r < nrows else <const block_q6_K*>ZERO_ROW
+        step[r] = 1 if r < nrows else 0
     for b in range(nb):
-        for r in range(nrows):
-            wb = W + r * nb + b
-            for m in range(32):
-                memcpy(&rec[b].ql[m // 8][m % 8][4 * r], &wb.ql[4 * m], 4)
-            for m in range(16):
-                memcpy(&rec[b].qh[m // 8][m % 8][4 * r], &wb.qh[4 * m], 4)
+        for r in range(8):
+            wb = row[r] + b * step[r]
             for kk in range(8):
                 memcpy(&rec[b].sc[kk][2 * r], &wb.scales[2 * kk], 2)
-            memcpy(&rec[b].d[r], &wb.d, 2)
+            rec[b].d[r] = wb.d
+        for kk in range(4):
+            for r in range(8):
+                p[r] = <const uint8_t*>(row[r] + b * step[r]).ql + 32 * kk
+            transpose8(p, <uint8_t*>rec[b].ql[kk], 0)
+        for kk in range(2):
+            for r in range(8):
+                p[r] = <const uint8_t*>(row[r] + b * step[r]).qh + 32 * kk
+            transpose8(p, <uint8_t*>rec[b].qh[kk], 0)
 
 
 # The product of rows (a multiple of 8) repacked as Q6_K tiles (the LAYOUT_Q6_K_X8 slot).

@@ -103,6 +103,18 @@ LC_I256(_mm256_broadcastsi128_si256)(__m128i a) { __m256i r; memcpy(&r, &a, 16);
 static inline __m128i _mm256_castsi256_si128(__m256i a) { __m128i r; memcpy(&r, &a, 16); return r; }
 static inline __m128i _mm256_extracti128_si256(__m256i a, int i) { __m128i r; memcpy(&r, a.u8 + 16 * (i & 1), 16); return r; }
 LC_I256(_mm256_inserti128_si256)(__m256i a, __m128i b, int i) { memcpy(a.u8 + 16 * (i & 1), &b, 16); return a; }
+LC_I256(_mm256_castsi128_si256)(__m128i a) { __m256i r; memset(&r, 0, 32); memcpy(r.u8, &a, 16); return r; }
+LC_I256(_mm256_unpacklo_epi32)(__m256i a, __m256i b) {
+    __m256i r; for (int h = 0; h < 2; h++) for (int i = 0; i < 2; i++) { r.u32[4 * h + 2 * i] = a.u32[4 * h + i]; r.u32[4 * h + 2 * i + 1] = b.u32[4 * h + i]; } return r; }
+LC_I256(_mm256_unpackhi_epi32)(__m256i a, __m256i b) {
+    __m256i r; for (int h = 0; h < 2; h++) for (int i = 0; i < 2; i++) { r.u32[4 * h + 2 * i] = a.u32[4 * h + 2 + i]; r.u32[4 * h + 2 * i + 1] = b.u32[4 * h + 2 + i]; } return r; }
+LC_I256(_mm256_unpacklo_epi64)(__m256i a, __m256i b) {
+    __m256i r; for (int h = 0; h < 2; h++) { r.u64[2 * h] = a.u64[2 * h]; r.u64[2 * h + 1] = b.u64[2 * h]; } return r; }
+LC_I256(_mm256_unpackhi_epi64)(__m256i a, __m256i b) {
+    __m256i r; for (int h = 0; h < 2; h++) { r.u64[2 * h] = a.u64[2 * h + 1]; r.u64[2 * h + 1] = b.u64[2 * h + 1]; } return r; }
+/* only the selectors the kernels use: 0x20 (low halves of a, b) and 0x31 (high halves) */
+LC_I256(_mm256_permute2x128_si256)(__m256i a, __m256i b, int imm) {
+    __m256i r; int o = (imm & 1) ? 16 : 0; memcpy(r.u8, a.u8 + o, 16); memcpy(r.u8 + 16, b.u8 + o, 16); return r; }
 
 /* --- integer arithmetic and logic --- */
 LC_I256(_mm256_and_si256)(__m256i a, __m256i b) { for (int i = 0; i < 4; i++) a.u64[i] &= b.u64[i]; return a; }

@@ -42,6 +42,12 @@ cdef extern from "simd.h" nogil:
     __m128i _mm256_castsi256_si128(__m256i a)
     __m128i _mm256_extracti128_si256(__m256i a, int imm)
     __m256i _mm256_inserti128_si256(__m256i a, __m128i b, int imm)
+    __m256i _mm256_castsi128_si256(__m128i a)
+    __m256i _mm256_unpacklo_epi32(__m256i a, __m256i b)
+    __m256i _mm256_unpackhi_epi32(__m256i a, __m256i b)
+    __m256i _mm256_unpacklo_epi64(__m256i a, __m256i b)
+    __m256i _mm256_unpackhi_epi64(__m256i a, __m256i b)
+    __m256i _mm256_permute2x128_si256(__m256i a, __m256i b, int imm)
 
     # integer arithmetic and logic
     __m256i _mm256_and_si256(__m256i a, __m256i b)

@@ -15,6 +15,14 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil
 
+# matmul for matrices that keep the file's layout for the model's life (a MoE model's stacked experts, which
+# are never repacked): where the VNNI kernels are off, the AVX2 per-lane kernels of Q4_0 / Q8_0 / Q4_K /
+# Q6_K instead of the row-lane tiles, whose stored-row path gathers 8 rows into tiles per product (a MoE
+# decode on AVX2 took 2.4x the time with it: BENCHMARKS.md). Every product of such a matrix goes through
+# here, so each keeps one float order on every path.
+cdef void matmul_rows(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
+                      const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil
+
 # matmul of weights repacked at load into 8-row tiles of `layout` (traits.pxd's LAYOUT_*; repack.pyx; rows
 # a multiple of 8): the same numbers as the stored rows give. Only where layout_available(layout) (every
 # layout with AVX-512 VNNI, Q4_0 / Q8_0 / Q4_K / Q6_K on AVX2); elsewhere it aborts.

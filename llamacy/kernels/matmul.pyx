@@ -23,6 +23,9 @@ from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
 from llamacy.kernels.simd cimport HAVE_SIMD
+from llamacy.kernels.blocks cimport block_q4_0, block_q4_K, block_q6_K, block_q8_0
+from llamacy.kernels.mm_avx2 cimport mm_avx2
+from llamacy.kernels.traits cimport mm_fn
 from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_K, T_Q6_K, T_Q8_0
 from llamacy.kernels.traits cimport (
     LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q5_K_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8,
@@ -46,6 +49,7 @@ from llamacy.kernels.traits import row_bytes
 # LLAMACY_NO_AVX512 (tests and benchmarks compare the two paths in one process).
 cdef enum:
     IMPL_VNNI = 3
+    IMPL_ROWS = 4    # matmul_rows: IMPL_AUTO, but on AVX2 the per-lane kernels for the row-lane types
     IMPL_TILED = 16  # + a layout id (traits.pxd's LAYOUT_*): weights repacked at load (matmul_tiled)
 
 cdef bint _vnni_found = False  # matmul512 filled in the table's mm_vnni column (this CPU and build)
@@ -299,8 +303,9 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil:
     cdef const type_traits* tt = type_traits_of(wtype)
-    cdef bint vnni = impl == IMPL_VNNI or (impl == IMPL_AUTO and _vnni_on)
-    cdef bint simd = vnni or impl == IMPL_SIMD or (impl == IMPL_AUTO and HAVE_SIMD)
+    cdef bint auto = impl == IMPL_AUTO or impl == IMPL_ROWS
+    cdef bint vnni = impl == IMPL_VNNI or (auto and _vnni_on)
+    cdef bint simd = vnni or impl == IMPL_SIMD or (auto and HAVE_SIMD)
     if tt == NULL:
         unknown_type(b"matmul", wtype)
     if rows <= 0 or n_tok <= 0:
@@ -326,7 +331,9 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if vnni and tt.mm_vnni != NULL and tt.mm_vnni(W, rows, cols, xq, n_tok, Y, ldy):
         return
-    if simd:
+    if simd and impl == IMPL_ROWS and _perlane(wtype) != NULL:
+        _perlane(wtype)(W, rows, cols, xq, n_tok, Y, ldy)
+    elif simd:
         tt.mm_simd(W, rows, cols, xq, n_tok, Y, ldy)
     else:
         mm_scalar(tt.vec_dot, W, traits_row_bytes(tt, cols), rows, cols, <const uint8_t*>xq,
@@ -336,6 +343,25 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
 cdef void matmul(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
                  const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
     matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_AUTO)
+
+
+# The AVX2 per-lane kernels (mm_avx2.pyx's walk) of the types whose mm_simd is the row-lane tiles
+# (mm_avx2_x8.pxi, mm_avx2_kx8.pxi); NULL for the others.
+cdef mm_fn _perlane(int wtype) noexcept nogil:
+    if wtype == T_Q4_0:
+        return <mm_fn>mm_avx2[block_q4_0]
+    if wtype == T_Q8_0:
+        return <mm_fn>mm_avx2[block_q8_0]
+    if wtype == T_Q4_K:
+        return <mm_fn>mm_avx2[block_q4_K]
+    if wtype == T_Q6_K:
+        return <mm_fn>mm_avx2[block_q6_K]
+    return NULL
+
+
+cdef void matmul_rows(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, const void* xq,
+                      Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
+    matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_ROWS)
 
 
 cdef void matmul_tiled(const uint8_t* W, int wtype, int layout, Py_ssize_t rows, Py_ssize_t cols, const void* xq,

@@ -14,7 +14,7 @@ from libc.math cimport expf
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 
-from llamacy.kernels.matmul cimport matmul
+from llamacy.kernels.matmul cimport matmul_rows
 from llamacy.kernels.ops cimport dot_f32
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_format, act_row_bytes
@@ -109,7 +109,7 @@ cdef void _expert_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         e = it.expert
         r_exp = w.rows // M.hp.n_expert
         first = M.start[e]
-        matmul(w.data + (e * r_exp + it.r0) * w.row_bytes, w.type, it.r1 - it.r0, w.cols,
+        matmul_rows(w.data + (e * r_exp + it.r0) * w.row_bytes, w.type, it.r1 - it.r0, w.cols,
                M.aq + first * M.arb, M.start[e + 1] - first, M.y[it.mat] + first * M.ldy[it.mat] + it.r0,
                M.ldy[it.mat], 1)
 

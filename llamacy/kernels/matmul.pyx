@@ -180,7 +180,7 @@ def tiles_available():
 
 def layout_available(int layout):
     """True if matmul has a kernel for this tiled layout here: every layout where the VNNI kernels are on,
-    Q4_0's (LAYOUT_Q4_0_X8) on any AVX2 build."""
+    Q4_0's, Q8_0's, Q4_K's and Q6_K's on any AVX2 build."""
     cdef mm_try_fn* slot = layout_slot(layout)
     return slot != NULL and slot[0] != NULL
 
@@ -331,8 +331,9 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if vnni and tt.mm_vnni != NULL and tt.mm_vnni(W, rows, cols, xq, n_tok, Y, ldy):
         return
-    if simd and impl == IMPL_ROWS and _perlane(wtype) != NULL:
-        _perlane(wtype)(W, rows, cols, xq, n_tok, Y, ldy)
+    cdef mm_fn perlane = _perlane(wtype) if impl == IMPL_ROWS else NULL
+    if simd and perlane != NULL:
+        perlane(W, rows, cols, xq, n_tok, Y, ldy)
     elif simd:
         tt.mm_simd(W, rows, cols, xq, n_tok, Y, ldy)
     else:

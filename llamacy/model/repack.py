@@ -69,7 +69,7 @@ _TILES: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
 
 def repack_enabled() -> bool:
     """Whether repacking applies here: some tiled layout has a kernel (every one where this CPU's VNNI
-    kernels are on, Q4_0's on any AVX2 CPU), LLAMACY_REPACK is not 0."""
+    kernels are on, Q4_0's, Q8_0's, Q4_K's and Q6_K's on any AVX2 CPU), LLAMACY_REPACK is not 0."""
     if os.environ.get("LLAMACY_REPACK", "") == "0":
         return False
     from llamacy.kernels.matmul import any_tiles_available

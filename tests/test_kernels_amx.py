@@ -92,6 +92,48 @@ def test_amx_on_tiles_repacked_at_load(t, rows, amx_toggle):
             assert np.array_equal(_bits(off), _bits(stored)), (n, threads)
 
 
+def _extreme_case(t, data, rows, cols, amx):
+    """Stored and tiled, 17 and 33 tokens at activation quants of magnitude 127: AMX on = off = the chain."""
+    tiles, layout = rp.repack_tiles(int(t), data, rows, cols, 1)
+    for n in (17, 33):
+        x = np.ones((n, cols), np.float32)
+        x[0] = -1.0
+        x[1::3, ::2] = -1.0
+        x[2::3, 1::3] = -1.0
+        want = ROW_LANE_CHAINS[t](data, quant.quantize_act(int(t), x), rows, cols, n)
+        for threads in (1, 2):
+            off, on = _both(amx, mm.matmul_py, data, int(t), x, nthreads=threads, impl="vnni")
+            assert np.array_equal(_bits(off), _bits(want)), (n, threads)
+            assert np.array_equal(_bits(on), _bits(want)), (n, threads)
+            on = mm.matmul_tiled_py(tiles, layout, rows, x, nthreads=threads)
+            assert np.array_equal(_bits(on), _bits(want)), (n, threads)
+
+
+def test_amx_q4_k_scaled_tiles_at_the_extremes(amx_toggle):
+    """Q4_K's tiles fold each sub-block scale into the quants in two parts below 8 (amx.h, lc_k4amxrec): with
+    every nibble 15 and every scale and min 63 the parts reach 7 x 15 = 105 and the super-block's sums their
+    largest magnitude; every integer must stay exact."""
+    rows, cols = 16, 512
+    data = make_weights(T.Q4_K, rows, cols, np.random.default_rng(5)).reshape(rows, cols // 256, 144)
+    data[:, :, 4:16] = 0xFF  # scales and mins 63
+    data[:8, :, 16:] = 0xFF  # nibbles 15
+    data[9, :, 16:] = 0x00
+    _extreme_case(T.Q4_K, data.reshape(rows, -1), rows, cols, amx_toggle)
+
+
+def test_amx_q6_k_scaled_tiles_every_scale(amx_toggle):
+    """Q6_K's tiles fold each group scale into the quants by its balanced base-7 digits (amx.h, lc_k6amxrec):
+    every scale from -128 to 127 appears, against values 63 and 0 (-32) and random ones."""
+    rows, cols = 16, 512
+    data = make_weights(T.Q6_K, rows, cols, np.random.default_rng(6)).reshape(rows, cols // 256, 210)
+    data[:, :, 192:208] = (
+        (np.arange(rows * 2 * 16) % 256 - 128).astype(np.int8).view(np.uint8).reshape(rows, 2, 16)
+    )
+    data[:6, :, :192] = 0xFF  # every value 63
+    data[6:10, :, :192] = 0x00  # every value 0 (-32)
+    _extreme_case(T.Q6_K, data.reshape(rows, -1), rows, cols, amx_toggle)
+
+
 def test_no_amx_env_turns_it_off():
     env = dict(os.environ, LLAMACY_NO_AMX="1")
     code = "from llamacy.kernels import matmul as mm; print(mm.AMX_STATUS)"

@@ -75,7 +75,7 @@ def test_amx_long_rows(t, amx_toggle):
     assert np.array_equal(_bits(on), _bits(off))
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q4_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [16, 24, 40])
 def test_amx_on_tiles_repacked_at_load(t, rows, amx_toggle):
     """Weights repacked into 8-row tiles (an odd number of tiles too): the stored rows' bits, AMX on or off."""
@@ -119,6 +119,17 @@ def test_amx_q4_k_scaled_tiles_at_the_extremes(amx_toggle):
     data[:8, :, 16:] = 0xFF  # nibbles 15
     data[9, :, 16:] = 0x00
     _extreme_case(T.Q4_K, data.reshape(rows, -1), rows, cols, amx_toggle)
+
+
+def test_amx_q5_k_scaled_tiles_at_the_extremes(amx_toggle):
+    """Q5_K's tiles fold each sub-block scale into the quants by its base-4 digits (amx.h, lc_k3amxrec): every
+    value 31 and every scale and min 63 make the largest products (3 x 31) and sums."""
+    rows, cols = 16, 512
+    data = make_weights(T.Q5_K, rows, cols, np.random.default_rng(7)).reshape(rows, cols // 256, 176)
+    data[:, :, 4:16] = 0xFF  # scales and mins 63
+    data[:8, :, 16:] = 0xFF  # high bits and nibbles: every value 31
+    data[9, :, 16:] = 0x00
+    _extreme_case(T.Q5_K, data.reshape(rows, -1), rows, cols, amx_toggle)
 
 
 def test_amx_q6_k_scaled_tiles_every_scale(amx_toggle):

@@ -3,17 +3,19 @@
  * the tiles).
  *
  * The tile instructions name their registers as immediates and read a 64-byte configuration, so the tiles
- * live here, in C, with the register roles fixed once (lc_amx_config), and so does each tile's float work,
- * whose 16 accumulators of 16 floats this C keeps in registers (GCC kept Cython's array of them on the
- * stack: 10% slower). The register roles:
- *   tmm0  A, 16 tokens x 32 quants (int8)        tmm3  A, 16 tokens x 16 quants
- *   tmm1  B, 8 steps x 16 rows x 4 values        tmm4  B, 4 steps x 16 rows x 4 values
- *   tmm2  C, 16 tokens x 16 rows (int32)
- * B is a block of 16 rows as matmul512_amx.pxi packs it (lc_amxrec, lc_kamxrec: step g holds values
- * 4g..4g+3 of the 16 rows, row r in bytes 4r..4r+3, signed). TDPBSSD gives each (token, row) the block's exact
- * int32 sum: the very integer the VNNI dpbusd chains make. The float steps after it are the VNNI kernels'
- * (lanes_tile, klanes_tile), the same operations on the same values in the same order per (row, token), so
- * the bits are theirs (the module is built with -ffp-contract=off: no product is fused behind our back).
+ * live here, in C, with the register roles fixed per product call (lc_amx_config, lc_amx_config_k), and so
+ * does each tile's float work, whose 16 accumulators of 16 floats this C keeps in registers (GCC kept Cython's
+ * array of them on the stack: 10% slower). The legacy types' roles:
+ *   tmm0  A, 16 tokens x 32 quants (int8)        tmm2  C, 16 tokens x 16 rows (int32)
+ *   tmm1  B, 8 steps x 16 rows x 4 values
+ * B is a block of 16 rows as matmul512_amx.pxi packs it (lc_amxrec: step g holds values 4g..4g+3 of the 16
+ * rows, row r in bytes 4r..4r+3, signed). TDPBSSD gives each (token, row) the block's exact int32 sum: the very
+ * integer the VNNI dpbusd chains make; Q5_K's tile takes it per sub-block of 32 values on the same roles.
+ * Q4_K's and Q6_K's tiles (lc_amx_roles_k) take a whole super-block per (token, row), their sub-block scales
+ * folded into the quants (lc_k4amxrec, lc_k3amxrec). The float steps after
+ * the tile unit are the VNNI kernels' (lanes_tile, klanes_tile), the same operations on the same values in the
+ * same order per (row, token), so the bits are theirs (the module is built with -ffp-contract=off: no product
+ * is fused behind our back).
  *
  * Only matmul512 includes this. Without compiler support (-mamx-tile -mamx-int8: setup.py adds them where
  * the compiler takes them) or off Linux/x86-64, LC_AMX is 0, lc_amx_enable() says no and the tiles are never
@@ -46,8 +48,9 @@ typedef struct {
     float m[16];
 } lc_amxrec;
 
-/* One super-block of 16 rows (Q4_K, Q5_K, Q6_K): u[s] the 64 bytes of step s (values below 64: the same
- * bytes signed or not); sc, pr, d, dmin: matmul512_klanes.pxi's klanerec fields, for 16 rows. */
+/* One super-block of 16 rows (Q4_K, Q5_K, Q6_K), as packed from two klanerecs and then scaled into the records
+ * below: u[s] the 64 bytes of step s (values below 64); sc, pr, d, dmin: matmul512_klanes.pxi's klanerec
+ * fields, for 16 rows. */
 typedef struct {
     int8_t u[64][64];
     int32_t sc[16][16];
@@ -70,15 +73,15 @@ typedef struct {
 } lc_k4amxrec;
 
 /* One super-block of 16 Q6_K rows for the scaled tiles (lc_amx_k6_tile): step s as in lc_kamxrec, the values
- * made signed (u - 32, from -32 to 31) and multiplied by the digits of their group's scale in balanced base 7
- * (scale = 49 e2 + 7 e1 + e0, each digit from -3 to 3, so value x digit stays within a signed byte): e[i][s]
- * the values times digit i. The tile unit then sums a whole super-block (isum = 49 C2 + 7 C1 + C0, the same
+ * made signed (u - 32, -32..31) and multiplied by the balanced base-7 digits of their group's signed scale
+ * (scale = 49 e2 + 7 e1 + e0, digits -3..3, so every product stays within +-96, a signed byte): e[i][s] the
+ * values times digit i. The tile unit then sums a whole super-block (isum = 49 C2 + 7 C1 + C0: the same
  * integer as the VNNI chain's sum of scale x group sum less 32 x the scales' pairs . the bsums). d: the rows'
  * super-block scales. */
 typedef struct {
     int8_t e[3][64][64];
     float d[16];
-} lc_k6amxrec;
+} lc_k3amxrec;
 
 #include "qblocks.h" /* the activation blocks: lc_q8a, lc_q8k */
 
@@ -115,16 +118,17 @@ typedef struct {
  * would build it on the stack, as it does not see ldtilecfg read them (the tile unit then faults). */
 static const lc_tilecfg lc_amx_roles = {
     .palette = 1,
-    .colsb = {32, 64, 64, 16, 64},
-    .rows = {16, 8, 16, 16, 4},
+    .colsb = {32, 64, 64},
+    .rows = {16, 8, 16},
 };
 
-/* The scaled tiles (lc_amx_k4_tile, lc_amx_k6_tile) take 64 quants per tile step; every tile 16 x 64 bytes.
+/* Q4_K's and Q6_K's scaled tiles (lc_amx_k4_tile, lc_amx_k6_tile) take 64 quants per tile step; every tile
+ * 16 x 64 bytes.
  * Q4_K, two runs of 16 tokens per load of the weights:
  *   tmm0, tmm5  A, 16 tokens x 64 quants (run 0, run 1)    tmm2, tmm4  C lo, C hi of run 0 (int32)
  *   tmm1, tmm3  B lo, B hi, 16 steps x 16 rows x 4 values  tmm6, tmm7  C lo, C hi of run 1
  * Q6_K: tmm0 A; tmm1, tmm3, tmm5 B for digits 0, 1, 2; tmm2, tmm4, tmm6 their C. */
-static const lc_tilecfg lc_amx_roles_k4 = {
+static const lc_tilecfg lc_amx_roles_k = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
@@ -134,8 +138,8 @@ static const lc_tilecfg lc_amx_roles_k4 = {
  * configuration does not survive lc_amx_release). */
 static inline void lc_amx_config(void) { _tile_loadconfig(&lc_amx_roles); }
 
-/* The same for the scaled tiles: the product calls that use lc_amx_k4_tile or lc_amx_k6_tile load these. */
-static inline void lc_amx_config_k4(void) { _tile_loadconfig(&lc_amx_roles_k4); }
+/* The same for the scaled tiles: the product calls of Q4_K and Q6_K load these instead. */
+static inline void lc_amx_config_k(void) { _tile_loadconfig(&lc_amx_roles_k); }
 
 /* Give the tile state back (the OS then has 8 KB less to save on every switch of this thread). */
 static inline void lc_amx_release(void) { _tile_release(); }
@@ -147,15 +151,6 @@ static inline void lc_amx_dot32(const void* a, size_t astride, const void* b, in
     _tile_loadd(1, b, 64);
     _tile_zero(2);
     _tile_dpbssd(2, 0, 1);
-    _tile_stored(2, c, 64);
-}
-
-/* The same over 16 values (Q6_K's groups): the 4 steps at b. */
-static inline void lc_amx_dot16(const void* a, size_t astride, const void* b, int32_t* c) {
-    _tile_loadd(3, a, astride);
-    _tile_loadd(4, b, 64);
-    _tile_zero(2);
-    _tile_dpbssd(2, 3, 4);
     _tile_stored(2, c, 64);
 }
 
@@ -195,15 +190,14 @@ static void lc_amx_lanes_tile(const lc_amxrec* rec, const lc_q8a* y, ptrdiff_t n
     }
 }
 
-/* The K-quants' tile: the 16 rows of rec (nb super-blocks) x 16 tokens (token t's at y + t * nb; Q4_K/Q5_K's
- * pairs: their sums of quants per pair of sub-blocks, 4 per super-block, as ktoken_pairs makes them);
- * out[t * ldo + r] for r < nvalid. Per (row, token) and super-block (klanes_tile's):
- *   Q4_K, Q5_K: isum = sum_j sc_j * (sub-block j's int sum), imin = the min pairs . the token's pairs,
- *               a = fma(float(isum), d_w * d_x, a), m = fma(float(imin), dmin_w * d_x, m); Y = a - m.
- *   Q6_K (q6):  isum = sum_g sc_g * (group g's int sum) - 32 * (the scale pairs . the token's bsums),
- *               a = fma(float(isum), d_w * d_x, a); Y = a. */
-static void lc_amx_klanes_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, ptrdiff_t nb,
-                               float* out, ptrdiff_t ldo, int nvalid, int q6) {
+/* Q5_K's tile (roles lc_amx_roles): the 16 rows of rec (nb super-blocks) x 16 tokens (token t's at y + t * nb;
+ * pairs as for lc_amx_k4_tile); out[t * ldo + r] for r < nvalid. One tile step per sub-block of 32 values and
+ * the scales applied after it, per (row, token) isum = sum_j sc_j * (sub-block j's int sum); the float steps
+ * lc_amx_k4_tile's. Its 5-bit values times any fold of the 6-bit scale that fits a signed byte take three
+ * tile steps per sub-block (base-4 digits): measured slower than this (a 2048 x 8192 product of 512 tokens on
+ * one core: 41.6 against 32.2 ms). */
+static void lc_amx_k5_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, ptrdiff_t nb, float* out,
+                           ptrdiff_t ldo, int nvalid) {
     int32_t c[2][256] __attribute__((aligned(64)));
     float fav[256] __attribute__((aligned(64)));
     float fmv[256] __attribute__((aligned(64)));
@@ -212,7 +206,6 @@ static void lc_amx_klanes_tile(const lc_kamxrec* rec, const lc_q8k* y, const int
     __m512 dw, dm, dx, fa;
     const size_t astride = (size_t)nb * sizeof(lc_q8k);
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1);
-    const int nsub = q6 ? 16 : 8, npr = q6 ? 8 : 4;
     ptrdiff_t b;
     int t, p, g;
     for (t = 0; t < 256; t++) fav[t] = fmv[t] = 0.0f;
@@ -220,47 +213,36 @@ static void lc_amx_klanes_tile(const lc_kamxrec* rec, const lc_q8k* y, const int
         const lc_kamxrec* k = rec + b;
 #pragma GCC unroll 16
         for (t = 0; t < 16; t++) ia[t] = _mm512_setzero_si512();
-        if (q6) lc_amx_dot16(y[b].qs, astride, k->u[0], c[0]);
-        else lc_amx_dot32(y[b].qs, astride, k->u[0], c[0]);
-        for (p = 0; p < nsub; p++) { /* Q4_K sub-block p: steps 8p..8p+7; Q6_K group p: steps 4p..4p+3 */
+        lc_amx_dot32(y[b].qs, astride, k->u[0], c[0]);
+        for (p = 0; p < 8; p++) { /* sub-block p: steps 8p..8p+7 */
             const int32_t* cb = c[p & 1];
-            if (p + 1 < nsub) {
-                if (q6) lc_amx_dot16(y[b].qs + 16 * (p + 1), astride, k->u[4 * (p + 1)], c[(p + 1) & 1]);
-                else lc_amx_dot32(y[b].qs + 32 * (p + 1), astride, k->u[8 * (p + 1)], c[(p + 1) & 1]);
-            }
+            if (p + 1 < 8) lc_amx_dot32(y[b].qs + 32 * (p + 1), astride, k->u[8 * (p + 1)], c[(p + 1) & 1]);
             sc = _mm512_loadu_si512(k->sc[p]);
 #pragma GCC unroll 16
             for (t = 0; t < 16; t++)
                 ia[t] = _mm512_add_epi32(ia[t], _mm512_mullo_epi32(_mm512_load_si512(cb + 16 * t), sc));
         }
         dw = _mm512_loadu_ps(k->d);
-        dm = q6 ? dw : _mm512_loadu_ps(k->dmin);
+        dm = _mm512_loadu_ps(k->dmin);
 #pragma GCC unroll 16
         for (t = 0; t < 16; t++) {
             const lc_q8k* yb = y + t * nb + b;
-            const int32_t* pp = q6 ? (const int32_t*)yb->bsums : pairs + 4 * (t * nb + b);
+            const int32_t* pp = pairs + 4 * (t * nb + b);
             im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(k->pr[0]), _mm512_set1_epi32(pp[0]));
-            for (g = 1; g < npr; g++)
+            for (g = 1; g < 4; g++)
                 im = _mm512_dpwssd_epi32(im, _mm512_loadu_si512(k->pr[g]), _mm512_set1_epi32(pp[g]));
             dx = _mm512_set1_ps(yb->d);
-            fa = _mm512_load_ps(fav + 16 * t);
-            if (q6) {
-                fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ia[t], _mm512_slli_epi32(im, 5))),
-                                     _mm512_mul_ps(dw, dx), fa);
-            } else {
-                fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, dx), fa);
-                _mm512_store_ps(fmv + 16 * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, dx),
-                                                              _mm512_load_ps(fmv + 16 * t)));
-            }
+            fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, dx), _mm512_load_ps(fav + 16 * t));
             _mm512_store_ps(fav + 16 * t, fa);
+            _mm512_store_ps(fmv + 16 * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, dx),
+                                                          _mm512_load_ps(fmv + 16 * t)));
         }
     }
-    for (t = 0; t < 16; t++) {
-        __m512 r = _mm512_load_ps(fav + 16 * t);
-        if (!q6) r = _mm512_sub_ps(r, _mm512_load_ps(fmv + 16 * t));
-        _mm512_mask_storeu_ps(out + t * ldo, keep, r);
-    }
+    for (t = 0; t < 16; t++)
+        _mm512_mask_storeu_ps(out + t * ldo, keep,
+                              _mm512_sub_ps(_mm512_load_ps(fav + 16 * t), _mm512_load_ps(fmv + 16 * t)));
 }
+
 /* The 16-row Q4_K records src (lc_kamxrec, nb super-blocks) as lc_k4amxrec: each value times the low and the
  * high part of its row's sub-block scale. The value (below 16) and the part (below 8) make at most 105, and
  * the two bytes of an int16 lane belong to one row, so one int16 multiply by that row's part scales both
@@ -318,8 +300,12 @@ static inline void lc_amx_k4_sums(const lc_q8k* y, size_t astride, const lc_k4am
     }
 }
 
-/* Q4_K's tile from the scaled records (roles lc_amx_roles_k4), 16 rows x 16 * nrun tokens (nrun 1 or 2):
- * lc_amx_klanes_tile's float steps on the same integers (isum = 8 C_hi + C_lo), so the same bits. */
+/* Q4_K's tile from the scaled records (roles lc_amx_roles_k): the 16 rows of rec (nb super-blocks) x 16 * nrun
+ * tokens (nrun 1 or 2; token t's at y + t * nb; pairs: its sums of quants per pair of sub-blocks, 4 per
+ * super-block, as ktoken_pairs makes them); out[t * ldo + r] for r < nvalid. Per (row, token) and super-block,
+ * the VNNI kernels' (klanes_tile's) float steps: isum = sum_j sc_j * (sub-block j's int sum) = 8 C_hi + C_lo,
+ * imin = the min pairs . the token's pairs, a = fma(float(isum), d_w * d_x, a), m = fma(float(imin),
+ * dmin_w * d_x, m); Y = a - m. */
 static void lc_amx_k4_tile(const lc_k4amxrec* rec, const lc_q8k* y, const int32_t* pairs, ptrdiff_t nb,
                            float* out, ptrdiff_t ldo, int nvalid, int nrun) {
     int32_t c[2][1024] __attribute__((aligned(64))); /* one fills while the other is used */
@@ -359,11 +345,12 @@ static void lc_amx_k4_tile(const lc_k4amxrec* rec, const lc_q8k* y, const int32_
         _mm512_mask_storeu_ps(out + t * ldo, keep,
                               _mm512_sub_ps(_mm512_load_ps(fav + 16 * t), _mm512_load_ps(fmv + 16 * t)));
 }
-/* The 16-row Q6_K records src (lc_kamxrec, nb super-blocks) as lc_k6amxrec. A scale's balanced base-7 digits:
+
+/* The 16-row Q6_K records src (lc_kamxrec, nb super-blocks) as lc_k3amxrec. A scale's balanced base-7 digits:
  * q = round(v / 7) (v / 7 is never within 1/14 of a half, so the float quotient rounds to the exact nearest
  * integer), digit = v - 7 q, from -3 to 3. Per 32 bytes (8 rows x 4 values): widened to int16, multiplied by
  * the rows' digit (each row's int32 digit spread over its 4 int16 lanes), narrowed back (the products fit). */
-static void lc_amx_pack_k6(const lc_kamxrec* src, ptrdiff_t nb, lc_k6amxrec* dst) {
+static void lc_amx_pack_k6(const lc_kamxrec* src, ptrdiff_t nb, lc_k3amxrec* dst) {
     const __m512i off = _mm512_set1_epi16(32);
     const __m512 inv7 = _mm512_set1_ps(1.0f / 7.0f);
     const __m512i seven = _mm512_set1_epi32(7);
@@ -399,8 +386,8 @@ static void lc_amx_pack_k6(const lc_kamxrec* src, ptrdiff_t nb, lc_k6amxrec* dst
     }
 }
 
-/* One Q6_K super-block's scaled sums for 16 tokens x the 16 rows of k: c[256 * i] the C of digit i. */
-static inline void lc_amx_k6_sums(const lc_q8k* y, size_t astride, const lc_k6amxrec* k, int32_t* c) {
+/* One Q6_K super-block's scaled sums for 16 tokens x the 16 rows of k: c + 256 i the C of digit i. */
+static inline void lc_amx_k3_sums(const lc_q8k* y, size_t astride, const lc_k3amxrec* k, int32_t* c) {
     int s;
     _tile_zero(2);
     _tile_zero(4);
@@ -419,9 +406,10 @@ static inline void lc_amx_k6_sums(const lc_q8k* y, size_t astride, const lc_k6am
     _tile_stored(6, c + 512, 64);
 }
 
-/* Q6_K's tile from the scaled records (roles lc_amx_roles_k4), 16 rows x 16 tokens: lc_amx_klanes_tile's
- * float steps for Q6_K on the same integers (isum = 49 C2 + 7 C1 + C0), so the same bits. */
-static void lc_amx_k6_tile(const lc_k6amxrec* rec, const lc_q8k* y, ptrdiff_t nb, float* out, ptrdiff_t ldo,
+/* Q6_K's tile from the scaled records (roles lc_amx_roles_k), 16 rows x 16 tokens: per (row, token) and
+ * super-block the VNNI kernels' float step, a = fma(float(isum), d_w * d_x, a) with isum = 49 C2 + 7 C1 + C0;
+ * Y = a. */
+static void lc_amx_k6_tile(const lc_k3amxrec* rec, const lc_q8k* y, ptrdiff_t nb, float* out, ptrdiff_t ldo,
                            int nvalid) {
     int32_t c[2][768] __attribute__((aligned(64))); /* one fills while the other is used */
     __m512 acc[16];
@@ -433,10 +421,10 @@ static void lc_amx_k6_tile(const lc_k6amxrec* rec, const lc_q8k* y, ptrdiff_t nb
     int t;
 #pragma GCC unroll 16
     for (t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
-    lc_amx_k6_sums(y, astride, rec, c[0]);
+    lc_amx_k3_sums(y, astride, rec, c[0]);
     for (b = 0; b < nb; b++) {
         const int32_t* cb = c[b & 1];
-        if (b + 1 < nb) lc_amx_k6_sums(y + b + 1, astride, rec + b + 1, c[(b + 1) & 1]);
+        if (b + 1 < nb) lc_amx_k3_sums(y + b + 1, astride, rec + b + 1, c[(b + 1) & 1]);
         dw = _mm512_loadu_ps(rec[b].d);
 #pragma GCC unroll 16
         for (t = 0; t < 16; t++) {
@@ -453,14 +441,18 @@ static void lc_amx_k6_tile(const lc_k6amxrec* rec, const lc_q8k* y, ptrdiff_t nb
 }
 #else
 static inline void lc_amx_config(void) {}
-static inline void lc_amx_pack_k6(const lc_kamxrec* src, ptrdiff_t nb, lc_k6amxrec* dst) {
+static void lc_amx_k5_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, ptrdiff_t nb, float* out,
+                           ptrdiff_t ldo, int nvalid) {
+    (void)rec; (void)y; (void)pairs; (void)nb; (void)out; (void)ldo; (void)nvalid;
+}
+static inline void lc_amx_pack_k6(const lc_kamxrec* src, ptrdiff_t nb, lc_k3amxrec* dst) {
     (void)src; (void)nb; (void)dst;
 }
-static void lc_amx_k6_tile(const lc_k6amxrec* rec, const lc_q8k* y, ptrdiff_t nb, float* out, ptrdiff_t ldo,
+static void lc_amx_k6_tile(const lc_k3amxrec* rec, const lc_q8k* y, ptrdiff_t nb, float* out, ptrdiff_t ldo,
                            int nvalid) {
     (void)rec; (void)y; (void)nb; (void)out; (void)ldo; (void)nvalid;
 }
-static inline void lc_amx_config_k4(void) {}
+static inline void lc_amx_config_k(void) {}
 static inline void lc_amx_pack_k4(const lc_kamxrec* src, ptrdiff_t nb, lc_k4amxrec* dst) {
     (void)src; (void)nb; (void)dst;
 }
@@ -472,16 +464,9 @@ static inline void lc_amx_release(void) {}
 static inline void lc_amx_dot32(const void* a, size_t s, const void* b, int32_t* c) {
     (void)a; (void)s; (void)b; (void)c;
 }
-static inline void lc_amx_dot16(const void* a, size_t s, const void* b, int32_t* c) {
-    (void)a; (void)s; (void)b; (void)c;
-}
 static void lc_amx_lanes_tile(const lc_amxrec* rec, const lc_q8a* y, ptrdiff_t nb, float* out, ptrdiff_t ldo,
                               int nvalid, int with_min) {
     (void)rec; (void)y; (void)nb; (void)out; (void)ldo; (void)nvalid; (void)with_min;
-}
-static void lc_amx_klanes_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, ptrdiff_t nb,
-                               float* out, ptrdiff_t ldo, int nvalid, int q6) {
-    (void)rec; (void)y; (void)pairs; (void)nb; (void)out; (void)ldo; (void)nvalid; (void)q6;
 }
 #endif
 

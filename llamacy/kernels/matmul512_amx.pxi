@@ -7,26 +7,25 @@
 # Why. In the VNNI prefill tile, per 8 rows, token and 32 values, eight dpbusd make the block's exact integer
 # sums and one conversion, multiply and FMA advance the float chain. One TDPBSSD makes those integers for 16
 # tokens x 16 rows x 32 values at once, leaving the float steps (a 512-bit conversion, multiply and FMA per
-# token and block for 16 rows) as most of the work: 2.1-2.3x the VNNI prefill's speed for Q4_0, Q8_0 and
-# Q4_K in a 2048 x 8192 product of 512 tokens on one core, 1.3x for Q6_K (16-value groups: twice the tile
-# steps and scale multiplies per value).
+# token and block for 16 rows) as most of the work: 2.1-2.3x the VNNI prefill's speed for Q4_0 and Q8_0 in a
+# 2048 x 8192 product of 512 tokens on one core.
 #
-# Q4_K and Q6_K go further (amx.h: lc_k4amxrec, lc_k6amxrec): each packed record has its sub-block scales
+# Q4_K and Q6_K go further (amx.h: lc_k4amxrec, lc_k3amxrec): each packed record has its sub-block scales
 # folded into the quants, split so that every product still fits a signed byte (Q4_K: the 6-bit scale as
-# 8 hi + lo; Q6_K: the signed scale's three balanced base-7 digits, the values made signed). The tile unit then
-# sums a whole super-block per (token, row) with 64 values per step, and the int32 multiplies by the scales
-# (one vpmulld per 16 tokens, 16 rows and sub-block) are gone. A 2048 x 8192 product of 512 tokens on one core
-# (ad-hoc loop, this Intel Xeon): Q4_K 38.5 -> 27.8 ms, Q6_K 58 -> 35 ms. The integers are the same, so the
-# bits are too.
+# 8 hi + lo; Q6_K: the signed scale's three balanced base-7 digits, the values made signed). The tile unit then sums a whole super-block per (token, row), 64 values per step, and the int32
+# multiplies by the scales that followed each sub-block's tile (one vpmulld per 16 tokens x 16 rows) are gone.
+# A 2048 x 8192 product of 512 tokens on one core (ad-hoc loop, an Intel Xeon with AMX): Q4_K 38.5 -> 28-30
+# ms, Q6_K 58 -> 35 ms. The integers are the same, so the bits are too. Q5_K keeps one tile step per sub-block
+# (amx.h's lc_amx_k5_tile says why).
 #
 # How. Two 8-row records as the VNNI prefill makes them (repack_lanes, repack_klanes, or expanded from the
-# 8-row tiles) are packed into one 16-row record (lc_amxrec, lc_kamxrec: amx.h), whose blocks are the tile
-# unit's B operand as they lie; the tokens' quants are its A operand where they lie (16 rows, nb blocks
-# apart). The tiles themselves are C (amx.h: lc_amx_lanes_tile, lc_amx_klanes_tile).
+# 8-row tiles) are packed into one 16-row record (lc_amxrec, lc_kamxrec: amx.h; the K-quants' then scaled),
+# whose blocks are the tile unit's B operand as they lie; the tokens' quants are its A operand where they lie
+# (16 rows, nb blocks apart). The tiles themselves are C (amx.h: lc_amx_lanes_tile, lc_amx_k4_tile, lc_amx_k5_tile, lc_amx_k6_tile).
 #
 # Blocking. At hundreds of tokens the activations stream from L3; with one 16-row record per pass over them
 # they would be read rows/16 times, faster than L3 feeds a core at the tile unit's pace. So a pass packs
-# AMX_PAIRS records (64 rows: 0.2-0.8 MB, in L2) and each run of 16 tokens goes through all of them while
+# AMX_PAIRS records (64 rows: 0.2-1.6 MB, in L2) and each run of 16 tokens goes through all of them while
 # its activations are in L2. The last n_tok % 16 tokens of a pass read the rows as stored (the few-token
 # tiles, or the 8-row tiles as they are).
 #
@@ -164,24 +163,24 @@ cdef Py_ssize_t amx_klanes(const klblock* W, Py_ssize_t rows, Py_ssize_t nb, con
     return npairs * 16
 
 
-# The K-quants' pass buffers: Q5_K keeps AMX_PAIRS 16-row records (lc_kamxrec, nb super-blocks each) at
-# abuf; Q4_K and Q6_K pack each record at abuf first and keep its scaled form (lc_k4amxrec, lc_k6amxrec: the
+# The K-quants' pass buffers: Q5_K keeps AMX_PAIRS 16-row records (lc_kamxrec, nb super-blocks each) at abuf;
+# Q4_K and Q6_K pack each record at abuf first and keep its scaled form (lc_k4amxrec, lc_k3amxrec: the
 # sub-block scales folded into the quants, amx.h) at sbuf, after it.
 cdef inline size_t amx_kbuf_bytes(const klblock* tag, Py_ssize_t nb) noexcept nogil:
     if klblock is block_q4_K:
         return nb * sizeof(lc_kamxrec) + AMX_PAIRS * nb * sizeof(lc_k4amxrec)
     elif klblock is block_q6_K:
-        return nb * sizeof(lc_kamxrec) + AMX_PAIRS * nb * sizeof(lc_k6amxrec)
+        return nb * sizeof(lc_kamxrec) + AMX_PAIRS * nb * sizeof(lc_k3amxrec)
     else:
         return AMX_PAIRS * nb * sizeof(lc_kamxrec)
 
 
-# The tile roles of a K-quant product call: the scaled tiles take their own.
+# The tile roles of a K-quant product call.
 cdef inline void amx_kconfig(const klblock* tag) noexcept nogil:
     if klblock is block_q5_K:
         lc_amx_config()
     else:
-        lc_amx_config_k4()
+        lc_amx_config_k()
 
 
 # The two 8-row records at tmp (rows 0-7, 8-15) as record p of the pass.
@@ -192,16 +191,17 @@ cdef inline void amx_pack_krecord(const klblock* tag, const klanerec* tmp, Py_ss
         lc_amx_pack_k4(abuf, nb, <lc_k4amxrec*>sbuf + p * nb)
     elif klblock is block_q6_K:
         amx_pack_klanes(tag, tmp, tmp + nb, nb, abuf)
-        lc_amx_pack_k6(abuf, nb, <lc_k6amxrec*>sbuf + p * nb)
+        lc_amx_pack_k6(abuf, nb, <lc_k3amxrec*>sbuf + p * nb)
     else:
         amx_pack_klanes(tag, tmp, tmp + nb, nb, abuf + p * nb)
 
 
-# Tokens [0, nfull) (a multiple of AMX_TOK) of the n packed 16-row records of the pass (amx_kbuf_bytes),
-# whose rows are Y's columns from 0.
+# Tokens [0, nfull) (a multiple of AMX_TOK) of the n 16-row records of the pass (amx_kbuf_bytes), whose rows
+# are Y's columns from 0.
 cdef inline void amx_klanes_runs(const klblock* tag, const lc_kamxrec* abuf, const void* sbuf, Py_ssize_t n,
-                                 const block_q8k* X, const int32_t* pairs, Py_ssize_t nfull, Py_ssize_t nb,
-                                 float* Y, Py_ssize_t ldy) noexcept nogil:
+                                 const block_q8k* X,
+                                 const int32_t* pairs, Py_ssize_t nfull, Py_ssize_t nb, float* Y,
+                                 Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t t, p
     cdef int nrun
     t = 0
@@ -212,15 +212,15 @@ cdef inline void amx_klanes_runs(const klblock* tag, const lc_kamxrec* abuf, con
                 lc_amx_k4_tile(<const lc_k4amxrec*>sbuf + p * nb, <const lc_q8k*>(X + t * nb), pairs + 4 * t * nb,
                                nb, Y + t * ldy + p * 16, ldy, 16, nrun)
             t += nrun * AMX_TOK
-        elif klblock is block_q6_K:
+        elif klblock is block_q5_K:
             for p in range(n):
-                lc_amx_k6_tile(<const lc_k6amxrec*>sbuf + p * nb, <const lc_q8k*>(X + t * nb), nb,
-                               Y + t * ldy + p * 16, ldy, 16)
+                lc_amx_k5_tile(abuf + p * nb, <const lc_q8k*>(X + t * nb), pairs + 4 * t * nb,
+                               nb, Y + t * ldy + p * 16, ldy, 16)
             t += AMX_TOK
         else:
             for p in range(n):
-                lc_amx_klanes_tile(abuf + p * nb, <const lc_q8k*>(X + t * nb), pairs + 4 * t * nb, nb,
-                                   Y + t * ldy + p * 16, ldy, 16, 0)
+                lc_amx_k6_tile(<const lc_k3amxrec*>sbuf + p * nb, <const lc_q8k*>(X + t * nb), nb,
+                               Y + t * ldy + p * 16, ldy, 16)
             t += AMX_TOK
 
 

@@ -73,7 +73,7 @@ cdef extern from "amx.h" nogil:
         int32_t pr[4][16]
         float d[16]
         float dmin[16]
-    ctypedef struct lc_k6amxrec:
+    ctypedef struct lc_k3amxrec:
         int8_t e[3][64][64]
         float d[16]
     ctypedef struct lc_q8a:
@@ -82,15 +82,15 @@ cdef extern from "amx.h" nogil:
         pass
     int lc_amx_enable()
     void lc_amx_config()
-    void lc_amx_config_k4()
+    void lc_amx_config_k()
     void lc_amx_release()
     void lc_amx_lanes_tile(const lc_amxrec* rec, const lc_q8a* y, Py_ssize_t nb, float* out, Py_ssize_t ldo,
                            int nvalid, int with_min)
-    void lc_amx_klanes_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, Py_ssize_t nb,
-                            float* out, Py_ssize_t ldo, int nvalid, int q6)
     void lc_amx_pack_k4(const lc_kamxrec* src, Py_ssize_t nb, lc_k4amxrec* dst)
     void lc_amx_k4_tile(const lc_k4amxrec* rec, const lc_q8k* y, const int32_t* pairs, Py_ssize_t nb, float* out,
                         Py_ssize_t ldo, int nvalid, int nrun)
-    void lc_amx_pack_k6(const lc_kamxrec* src, Py_ssize_t nb, lc_k6amxrec* dst)
-    void lc_amx_k6_tile(const lc_k6amxrec* rec, const lc_q8k* y, Py_ssize_t nb, float* out, Py_ssize_t ldo,
+    void lc_amx_k5_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t* pairs, Py_ssize_t nb, float* out,
+                        Py_ssize_t ldo, int nvalid)
+    void lc_amx_pack_k6(const lc_kamxrec* src, Py_ssize_t nb, lc_k3amxrec* dst)
+    void lc_amx_k6_tile(const lc_k3amxrec* rec, const lc_q8k* y, Py_ssize_t nb, float* out, Py_ssize_t ldo,
                         int nvalid)

@@ -190,6 +190,28 @@ static void lc_amx_lanes_tile(const lc_amxrec* rec, const lc_q8a* y, ptrdiff_t n
     }
 }
 
+/* One token's float steps in the tiles of Q4_K and Q5_K (the VNNI kernels' klanes_tile order), 16 rows:
+ * imin = the rows' min pairs (pr, 4 x 16 int32) . the token's pairs pp, a = fma(float(isum), d_w * d_x, a),
+ * m = fma(float(imin), dmin_w * d_x, m), with a and m at fa and fm. */
+static inline void lc_amx_kmin_step(__m512i isum, const int32_t* pr, const int32_t* pp, __m512 dw, __m512 dm,
+                                    float d_x, float* fa, float* fm) {
+    __m512i im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(pr), _mm512_set1_epi32(pp[0]));
+    __m512 dx = _mm512_set1_ps(d_x);
+    int g;
+    for (g = 1; g < 4; g++) im = _mm512_dpwssd_epi32(im, _mm512_loadu_si512(pr + 16 * g), _mm512_set1_epi32(pp[g]));
+    _mm512_store_ps(fa, _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), _mm512_load_ps(fa)));
+    _mm512_store_ps(fm, _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, dx), _mm512_load_ps(fm)));
+}
+
+/* Y = a - m for ntok tokens x the 16 rows (those of keep), token t's row of out at out + t * ldo. */
+static inline void lc_amx_kmin_out(const float* fav, const float* fmv, int ntok, float* out, ptrdiff_t ldo,
+                                   __mmask16 keep) {
+    int t;
+    for (t = 0; t < ntok; t++)
+        _mm512_mask_storeu_ps(out + t * ldo, keep,
+                              _mm512_sub_ps(_mm512_load_ps(fav + 16 * t), _mm512_load_ps(fmv + 16 * t)));
+}
+
 /* Q5_K's tile (roles lc_amx_roles): the 16 rows of rec (nb super-blocks) x 16 tokens (token t's at y + t * nb;
  * pairs as for lc_amx_k4_tile); out[t * ldo + r] for r < nvalid. One tile step per sub-block of 32 values and
  * the scales applied after it, per (row, token) isum = sum_j sc_j * (sub-block j's int sum); the float steps
@@ -202,12 +224,11 @@ static void lc_amx_k5_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t
     float fav[256] __attribute__((aligned(64)));
     float fmv[256] __attribute__((aligned(64)));
     __m512i ia[16];
-    __m512i sc, im;
-    __m512 dw, dm, dx, fa;
+    __m512i sc;
+    __m512 dw, dm;
     const size_t astride = (size_t)nb * sizeof(lc_q8k);
-    const __mmask16 keep = (__mmask16)((1u << nvalid) - 1);
     ptrdiff_t b;
-    int t, p, g;
+    int t, p;
     for (t = 0; t < 256; t++) fav[t] = fmv[t] = 0.0f;
     for (b = 0; b < nb; b++) {
         const lc_kamxrec* k = rec + b;
@@ -225,22 +246,11 @@ static void lc_amx_k5_tile(const lc_kamxrec* rec, const lc_q8k* y, const int32_t
         dw = _mm512_loadu_ps(k->d);
         dm = _mm512_loadu_ps(k->dmin);
 #pragma GCC unroll 16
-        for (t = 0; t < 16; t++) {
-            const lc_q8k* yb = y + t * nb + b;
-            const int32_t* pp = pairs + 4 * (t * nb + b);
-            im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(k->pr[0]), _mm512_set1_epi32(pp[0]));
-            for (g = 1; g < 4; g++)
-                im = _mm512_dpwssd_epi32(im, _mm512_loadu_si512(k->pr[g]), _mm512_set1_epi32(pp[g]));
-            dx = _mm512_set1_ps(yb->d);
-            fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, dx), _mm512_load_ps(fav + 16 * t));
-            _mm512_store_ps(fav + 16 * t, fa);
-            _mm512_store_ps(fmv + 16 * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, dx),
-                                                          _mm512_load_ps(fmv + 16 * t)));
-        }
+        for (t = 0; t < 16; t++)
+            lc_amx_kmin_step(ia[t], k->pr[0], pairs + 4 * (t * nb + b), dw, dm, y[t * nb + b].d, fav + 16 * t,
+                             fmv + 16 * t);
     }
-    for (t = 0; t < 16; t++)
-        _mm512_mask_storeu_ps(out + t * ldo, keep,
-                              _mm512_sub_ps(_mm512_load_ps(fav + 16 * t), _mm512_load_ps(fmv + 16 * t)));
+    lc_amx_kmin_out(fav, fmv, 16, out, ldo, (__mmask16)((1u << nvalid) - 1));
 }
 
 /* The 16-row Q4_K records src (lc_kamxrec, nb super-blocks) as lc_k4amxrec: each value times the low and the
@@ -311,13 +321,11 @@ static void lc_amx_k4_tile(const lc_k4amxrec* rec, const lc_q8k* y, const int32_
     int32_t c[2][1024] __attribute__((aligned(64))); /* one fills while the other is used */
     float fav[512] __attribute__((aligned(64)));
     float fmv[512] __attribute__((aligned(64)));
-    __m512i is, im;
-    __m512 dw, dm, dx, fa;
+    __m512 dw, dm;
     const size_t astride = (size_t)nb * sizeof(lc_q8k);
-    const __mmask16 keep = (__mmask16)((1u << nvalid) - 1);
     const int ntok = 16 * nrun;
     ptrdiff_t b;
-    int t, g;
+    int t;
     for (t = 0; t < 16 * ntok; t++) fav[t] = fmv[t] = 0.0f;
     lc_amx_k4_sums(y, astride, rec, nrun, c[0]);
     for (b = 0; b < nb; b++) {
@@ -327,23 +335,12 @@ static void lc_amx_k4_tile(const lc_k4amxrec* rec, const lc_q8k* y, const int32_
         dw = _mm512_loadu_ps(k->d);
         dm = _mm512_loadu_ps(k->dmin);
         for (t = 0; t < ntok; t++) {
-            const lc_q8k* yb = y + t * nb + b;
-            const int32_t* pp = pairs + 4 * (t * nb + b);
             const int32_t* ct = cb + 512 * (t >> 4) + 16 * (t & 15);
-            is = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(ct + 256), 3), _mm512_load_si512(ct));
-            im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(k->pr[0]), _mm512_set1_epi32(pp[0]));
-            for (g = 1; g < 4; g++)
-                im = _mm512_dpwssd_epi32(im, _mm512_loadu_si512(k->pr[g]), _mm512_set1_epi32(pp[g]));
-            dx = _mm512_set1_ps(yb->d);
-            fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, dx), _mm512_load_ps(fav + 16 * t));
-            _mm512_store_ps(fav + 16 * t, fa);
-            _mm512_store_ps(fmv + 16 * t, _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, dx),
-                                                          _mm512_load_ps(fmv + 16 * t)));
+            lc_amx_kmin_step(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(ct + 256), 3), _mm512_load_si512(ct)),
+                             k->pr[0], pairs + 4 * (t * nb + b), dw, dm, y[t * nb + b].d, fav + 16 * t, fmv + 16 * t);
         }
     }
-    for (t = 0; t < ntok; t++)
-        _mm512_mask_storeu_ps(out + t * ldo, keep,
-                              _mm512_sub_ps(_mm512_load_ps(fav + 16 * t), _mm512_load_ps(fmv + 16 * t)));
+    lc_amx_kmin_out(fav, fmv, ntok, out, ldo, (__mmask16)((1u << nvalid) - 1));
 }
 
 /* The 16-row Q6_K records src (lc_kamxrec, nb super-blocks) as lc_k3amxrec. A scale's balanced base-7 digits:

@@ -12,8 +12,9 @@
 #
 # Q4_K and Q6_K go further (amx.h: lc_k4amxrec, lc_k3amxrec): each packed record has its sub-block scales
 # folded into the quants, split so that every product still fits a signed byte (Q4_K: the 6-bit scale as
-# 8 hi + lo; Q6_K: the signed scale's three balanced base-7 digits, the values made signed). The tile unit then sums a whole super-block per (token, row), 64 values per step, and the int32
-# multiplies by the scales that followed each sub-block's tile (one vpmulld per 16 tokens x 16 rows) are gone.
+# 8 hi + lo; Q6_K: the signed scale's three balanced base-7 digits, the values made signed). The tile unit
+# then sums a whole super-block per (token, row), 64 values per step, and the int32 multiplies by the scales
+# that followed each sub-block's tile (one vpmulld per 16 tokens x 16 rows) are gone.
 # A 2048 x 8192 product of 512 tokens on one core (ad-hoc loop, an Intel Xeon with AMX): Q4_K 38.5 -> 28-30
 # ms, Q6_K 58 -> 35 ms. The integers are the same, so the bits are too. Q5_K keeps one tile step per sub-block
 # (amx.h's lc_amx_k5_tile says why).
@@ -21,13 +22,14 @@
 # How. Two 8-row records as the VNNI prefill makes them (repack_lanes, repack_klanes, or expanded from the
 # 8-row tiles) are packed into one 16-row record (lc_amxrec, lc_kamxrec: amx.h; the K-quants' then scaled),
 # whose blocks are the tile unit's B operand as they lie; the tokens' quants are its A operand where they lie
-# (16 rows, nb blocks apart). The tiles themselves are C (amx.h: lc_amx_lanes_tile, lc_amx_k4_tile, lc_amx_k5_tile, lc_amx_k6_tile).
+# (16 rows, nb blocks apart). The tiles themselves are C (amx.h: lc_amx_lanes_tile, lc_amx_k4_tile,
+# lc_amx_k5_tile, lc_amx_k6_tile).
 #
 # Blocking. At hundreds of tokens the activations stream from L3; with one 16-row record per pass over them
 # they would be read rows/16 times, faster than L3 feeds a core at the tile unit's pace. So a pass packs
 # AMX_PAIRS records (64 rows: 0.2-1.6 MB, in L2) and each run of 16 tokens goes through all of them while
-# its activations are in L2. The last n_tok % 16 tokens of a pass read the rows as stored (the few-token
-# tiles, or the 8-row tiles as they are).
+# its activations are in L2 (Q4_K's tiles take two runs at once). The last n_tok % 16 tokens of a pass read
+# the rows as stored (the few-token tiles, or the 8-row tiles as they are).
 #
 # Float order: the VNNI kernels', bit for bit. The tile unit's int32 sums are exact, the very integers the
 # dpbusd chains make (the quants enter signed, so the offset those chains take out through their seeds is
@@ -199,9 +201,8 @@ cdef inline void amx_pack_krecord(const klblock* tag, const klanerec* tmp, Py_ss
 # Tokens [0, nfull) (a multiple of AMX_TOK) of the n 16-row records of the pass (amx_kbuf_bytes), whose rows
 # are Y's columns from 0.
 cdef inline void amx_klanes_runs(const klblock* tag, const lc_kamxrec* abuf, const void* sbuf, Py_ssize_t n,
-                                 const block_q8k* X,
-                                 const int32_t* pairs, Py_ssize_t nfull, Py_ssize_t nb, float* Y,
-                                 Py_ssize_t ldy) noexcept nogil:
+                                 const block_q8k* X, const int32_t* pairs, Py_ssize_t nfull, Py_ssize_t nb,
+                                 float* Y, Py_ssize_t ldy) noexcept nogil:
     cdef Py_ssize_t t, p
     cdef int nrun
     t = 0

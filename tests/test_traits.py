@@ -43,6 +43,13 @@ def test_row_is_complete(t):
     assert t in qz.QUANTIZE_TYPES
 
 
+def test_matmul_rows_keeps_the_per_lane_kernels_of_the_row_lane_types():
+    """matmul_rows (MoE experts, never repacked) takes the AVX2 per-lane kernel exactly where mm_simd would
+    gather stored rows into row-lane tiles per product: Q4_0, Q8_0, Q4_K, Q6_K."""
+    own = {T(t).name for t in ROWS if traits.traits(t)["mm_rows_perlane"]}
+    assert own == {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}
+
+
 @pytest.mark.parametrize("t", ROWS, ids=lambda t: T(t).name)
 def test_every_operation_runs(t):
     """quantize -> dequantize -> matmul on every kernel family, for one small matrix of each type."""

@@ -16,8 +16,8 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       int impl) noexcept nogil
 
 # matmul for matrices that keep the file's layout for the model's life (a MoE model's stacked experts, which
-# are never repacked): where the VNNI kernels are off, the AVX2 per-lane kernels of Q4_0 / Q8_0 / Q4_K /
-# Q6_K instead of the row-lane tiles, whose stored-row path gathers 8 rows into tiles per product (a MoE
+# are never repacked): where the VNNI kernels are off, the traits table's mm_rows, the AVX2 per-lane kernels
+# of Q4_0 / Q8_0 / Q4_K / Q6_K instead of the row-lane tiles, whose stored-row path gathers 8 rows into tiles per product (a MoE
 # decode on AVX2 took 2.4x the time with it: BENCHMARKS.md). Every product of such a matrix goes through
 # here, so each keeps one float order on every path.
 cdef void matmul_rows(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,

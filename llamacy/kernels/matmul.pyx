@@ -23,9 +23,6 @@ from llamacy.kernels.quant cimport (
     IMPL_AUTO, IMPL_SCALAR, IMPL_SIMD, act_row_bytes, quantize_act_row_impl,
 )
 from llamacy.kernels.simd cimport HAVE_SIMD
-from llamacy.kernels.blocks cimport block_q4_0, block_q4_K, block_q6_K, block_q8_0
-from llamacy.kernels.mm_avx2 cimport mm_avx2
-from llamacy.kernels.traits cimport mm_fn
 from llamacy.kernels.blocks cimport T_Q4_0, T_Q4_1, T_Q4_K, T_Q5_0, T_Q5_K, T_Q6_K, T_Q8_0
 from llamacy.kernels.traits cimport (
     LAYOUT_Q4_0_X8, LAYOUT_Q4_1_X8, LAYOUT_Q4_K_X8, LAYOUT_Q5_0_X8, LAYOUT_Q5_K_X8, LAYOUT_Q6_K_X8, LAYOUT_Q8_0_X8,
@@ -49,7 +46,7 @@ from llamacy.kernels.traits import row_bytes
 # LLAMACY_NO_AVX512 (tests and benchmarks compare the two paths in one process).
 cdef enum:
     IMPL_VNNI = 3
-    IMPL_ROWS = 4    # matmul_rows: IMPL_AUTO, but on AVX2 the per-lane kernels for the row-lane types
+    IMPL_ROWS = 4    # matmul_rows: IMPL_AUTO, but on AVX2 the traits table's mm_rows
     IMPL_TILED = 16  # + a layout id (traits.pxd's LAYOUT_*): weights repacked at load (matmul_tiled)
 
 cdef bint _vnni_found = False  # matmul512 filled in the table's mm_vnni column (this CPU and build)
@@ -331,11 +328,8 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
     # the AVX-512 VNNI kernels, where they apply (they return 0 for what they leave to AVX2)
     if vnni and tt.mm_vnni != NULL and tt.mm_vnni(W, rows, cols, xq, n_tok, Y, ldy):
         return
-    cdef mm_fn perlane = _perlane(wtype) if impl == IMPL_ROWS else NULL
-    if simd and perlane != NULL:
-        perlane(W, rows, cols, xq, n_tok, Y, ldy)
-    elif simd:
-        tt.mm_simd(W, rows, cols, xq, n_tok, Y, ldy)
+    if simd:
+        (tt.mm_rows if impl == IMPL_ROWS else tt.mm_simd)(W, rows, cols, xq, n_tok, Y, ldy)
     else:
         mm_scalar(tt.vec_dot, W, traits_row_bytes(tt, cols), rows, cols, <const uint8_t*>xq,
                   act_row_bytes(wtype, cols), n_tok, Y, ldy)
@@ -344,20 +338,6 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
 cdef void matmul(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols,
                  const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads) noexcept nogil:
     matmul_impl(W, wtype, rows, cols, xq, n_tok, Y, ldy, nthreads, IMPL_AUTO)
-
-
-# The AVX2 per-lane kernels (mm_avx2.pyx's walk) of the types whose mm_simd is the row-lane tiles
-# (mm_avx2_x8.pxi, mm_avx2_kx8.pxi); NULL for the others.
-cdef mm_fn _perlane(int wtype) noexcept nogil:
-    if wtype == T_Q4_0:
-        return <mm_fn>mm_avx2[block_q4_0]
-    if wtype == T_Q8_0:
-        return <mm_fn>mm_avx2[block_q8_0]
-    if wtype == T_Q4_K:
-        return <mm_fn>mm_avx2[block_q4_K]
-    if wtype == T_Q6_K:
-        return <mm_fn>mm_avx2[block_q6_K]
-    return NULL
 
 
 cdef void matmul_rows(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t cols, const void* xq,

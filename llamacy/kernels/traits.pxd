@@ -24,6 +24,8 @@ ctypedef struct type_traits:
     from_float_fn from_float  # quantize as ggml's reference quantizer (quantize_rows.pyx)
     vec_dot_fn vec_dot      # scalar dot product (vecdot.pyx): the portable build's kernel
     mm_fn mm_simd           # AVX2 matrix product (mm_avx2.pyx)
+    mm_fn mm_rows           # AVX2 matrix product over stored rows for matmul_rows (matmul.pxd): mm_simd,
+                            # but the per-lane kernel where mm_simd gathers stored rows into row-lane tiles
     mm_try_fn mm_vnni       # AVX-512 VNNI matrix product (matmul512.pyx), where this CPU has one: filled
                             # by matmul512 when matmul loads it; NULL otherwise and for the float types
 

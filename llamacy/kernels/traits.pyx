@@ -34,6 +34,7 @@ cdef void row(int t, const char* name, Py_ssize_t blck_size, Py_ssize_t type_siz
     TRAITS[t].from_float = from_float
     TRAITS[t].vec_dot = vec_dot
     TRAITS[t].mm_simd = mm_simd
+    TRAITS[t].mm_rows = mm_simd
     TRAITS[t].mm_vnni = NULL
 
 
@@ -67,6 +68,13 @@ row(T_Q4_K, "Q4_K", QK_K,   sizeof(block_q4_K), ACT_Q8K, <to_float_fn>deq_k45[bl
 row(T_Q5_K, "Q5_K", QK_K,   sizeof(block_q5_K), ACT_Q8K, <to_float_fn>deq_k45[block_q5_K], q_q5_K,
     <vec_dot_fn>vd_k45[block_q5_K], <mm_fn>mm_avx2[block_q5_K])
 row(T_Q6_K, "Q6_K", QK_K,   sizeof(block_q6_K), ACT_Q8K, deq_q6_K, q_q6_K, vd_q6_K, <mm_fn>q6_k_rowlane_avx2)
+
+# The types whose AVX2 product is the row-lane tiles keep the per-lane kernels over stored rows for
+# matmul_rows (MoE experts, never repacked): gathering 8 rows into tiles per product costs decode 1.5-2.9x.
+TRAITS[T_Q4_0].mm_rows = <mm_fn>mm_avx2[block_q4_0]
+TRAITS[T_Q8_0].mm_rows = <mm_fn>mm_avx2[block_q8_0]
+TRAITS[T_Q4_K].mm_rows = <mm_fn>mm_avx2[block_q4_K]
+TRAITS[T_Q6_K].mm_rows = <mm_fn>mm_avx2[block_q6_K]
 
 
 cdef void avx2_layouts() noexcept:
@@ -140,7 +148,8 @@ def type_ids():
 
 def traits(int wtype):
     """The row of `wtype` as a dict: name, block_values, block_bytes, act_format, and for each operation
-    (to_float, from_float, vec_dot, mm_simd, mm_vnni) whether the row has it. ValueError if no row."""
+    (to_float, from_float, vec_dot, mm_simd, mm_vnni) whether the row has it; mm_rows_perlane: whether
+    matmul_rows takes a kernel of its own here instead of mm_simd. ValueError if no row."""
     cdef const type_traits* tt = type_traits_of(wtype)
     if tt == NULL:
         raise ValueError(f"no kernels for weight type {wtype}")
@@ -154,6 +163,7 @@ def traits(int wtype):
         "vec_dot": tt.vec_dot != NULL,
         "mm_simd": tt.mm_simd != NULL,
         "mm_vnni": tt.mm_vnni != NULL,
+        "mm_rows_perlane": tt.mm_rows != tt.mm_simd,
     }
 
 

@@ -37,6 +37,13 @@ cdef Py_ssize_t kv_row_bytes(int kv_fmt, Py_ssize_t n) noexcept nogil
 cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t first, Py_ssize_t last,
                        Py_ssize_t head_dim, Py_ssize_t n_heads, float scale, float softcap, float* scores,
                        Py_ssize_t scores_stride, float* out, int kv_fmt, bint stream) noexcept nogil
+# A prompt's block of up to ATT_BLOCK_MAX tokens at consecutive positions (see ops.pyx).
+cdef enum:
+    ATT_BLOCK_MAX = 8
+cdef void attend_block(const float* q, Py_ssize_t q_stride, const void* K, const void* V, Py_ssize_t first,
+                       Py_ssize_t last0, Py_ssize_t n_tok, Py_ssize_t head_dim, Py_ssize_t n_heads, float scale,
+                       float softcap, float* scores, Py_ssize_t scores_stride, float* out, Py_ssize_t out_stride,
+                       int kv_fmt) noexcept nogil
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil
 
 

@@ -6,6 +6,8 @@ reassociate the reductions and call glibc's vector expf/tanhf. The reductions al
 independent partial sums, so they vectorise even without it (the portable build).
 """
 
+import os
+
 from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
 from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
@@ -23,6 +25,29 @@ cdef extern from "attention.h" nogil:
                          Py_ssize_t last,
                          Py_ssize_t hd, Py_ssize_t G, float scale, float softcap, float* scores,
                          Py_ssize_t ss, float* out, int stream, int fmt)
+
+
+cdef extern from "attention_block.h" nogil:
+    int lc_attend_block_wide(int on)
+    bint lc_attend_block_ok(Py_ssize_t hd, Py_ssize_t G, Py_ssize_t B, int fmt)
+    void lc_attend_block(const float* q, Py_ssize_t qs, const void* K, const void* V, Py_ssize_t first,
+                         Py_ssize_t last0, Py_ssize_t B, Py_ssize_t hd, Py_ssize_t G, float scale, float softcap,
+                         float* scores, Py_ssize_t ss, float* out, Py_ssize_t ostride, int fmt)
+
+
+def set_block_wide(bint on):
+    """Run the prompt attention's block kernel on AVX-512 vectors (on: the CPU must have AVX-512F) or on
+    AVX2's; the same bits either way. Returns whether it now runs on AVX-512 (False in a build without it)."""
+    return bool(lc_attend_block_wide(on))
+
+
+def _block_wide_default():
+    from llamacy.kernels import cpu
+
+    return cpu.avx512_features()["avx512f"] and os.environ.get("LLAMACY_NO_AVX512", "") in ("", "0")
+
+
+BLOCK_WIDE = set_block_wide(_block_wide_default())
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:
@@ -180,6 +205,25 @@ cdef void attend_group(const float* q, const void* K, const void* V, Py_ssize_t 
         g0 += G
     if qq != qbuf:
         free(qq)
+
+
+cdef void attend_block(const float* q, Py_ssize_t q_stride, const void* K, const void* V, Py_ssize_t first,
+                       Py_ssize_t last0, Py_ssize_t n_tok, Py_ssize_t head_dim, Py_ssize_t n_heads, float scale,
+                       float softcap, float* scores, Py_ssize_t scores_stride, float* out, Py_ssize_t out_stride,
+                       int kv_fmt) noexcept nogil:
+    """n_tok <= ATT_BLOCK_MAX tokens at consecutive positions, the n_heads query heads of one KV group each:
+    token i attends over first..last0 + i, its heads at q + i * q_stride (out + i * out_stride), laid out as
+    attend_group's. Each (token, head) gets bit for bit what attend_group gives for it alone; the rows are
+    read (and widened) once for the block (attention_block.h). scores: n_tok * n_heads rows of scores_stride
+    >= last0 + n_tok floats. Not for decoding: the rows are expected in cache (no stream)."""
+    cdef Py_ssize_t i
+    if lc_attend_block_ok(head_dim, n_heads, n_tok, kv_fmt):
+        lc_attend_block(q, q_stride, K, V, first, last0, n_tok, head_dim, n_heads, scale, softcap, scores,
+                        scores_stride, out, out_stride, kv_fmt)
+        return
+    for i in range(n_tok):
+        attend_group(q + i * q_stride, K, V, first, last0 + i, head_dim, n_heads, scale, softcap, scores,
+                     scores_stride, out + i * out_stride, kv_fmt, False)
 
 
 cdef void store_kv_row(void* dst, const float* src, Py_ssize_t n, int kv_fmt) noexcept nogil:

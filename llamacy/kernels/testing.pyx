@@ -9,8 +9,8 @@ import time
 import numpy as np
 
 from llamacy.kernels.matmul cimport matmul_impl
-from llamacy.kernels.ops cimport (KV_F16, KV_F32, KV_Q4_0, KV_Q8_0, N_KV_FORMATS, attend_group, kv_row_bytes,
-                                  rmsnorm, rope, rope_table, store_kv_row)
+from llamacy.kernels.ops cimport (KV_F16, KV_F32, KV_Q4_0, KV_Q8_0, N_KV_FORMATS, attend_block, attend_group,
+                                  kv_row_bytes, rmsnorm, rope, rope_table, store_kv_row)
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.ranges cimport LC_RANGES_MAX, lc_range, lc_ranges_split, lc_ranges_work
 
@@ -240,6 +240,33 @@ def py_attend_group(float[:, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last, fl
     cdef float[:, ::1] o = out
     attend_group(&q[0, 0], &kb[0], &vb[0], first, last, q.shape[1], q.shape[0], scale, softcap, &s[0], ss,
                  &o[0, 0], f, stream)
+    return out
+
+
+def py_attend_block(float[:, :, ::1] q, K, V, Py_ssize_t first, Py_ssize_t last0, float scale, float softcap=0.0,
+                    int kv_fmt=-1):
+    """q: [tokens, heads, head_dim], a prompt's block of tokens at consecutive positions (token i attends
+    over first..last0 + i), each with the query heads of one KV group; K, V as for py_attend.
+
+    Returns [tokens, heads, head_dim] through ops.attend_block: each row what py_attend gives for that
+    token's head over its positions, bit for bit.
+    """
+    if q.shape[0] == 0 or q.shape[1] == 0:
+        raise ValueError("q must be [tokens >= 1, heads >= 1, head_dim]")
+    K, V, fmt = _attn_cache(K, V, q.shape[2], kv_fmt)
+    if not (0 <= first <= last0 and last0 + q.shape[0] <= K.shape[0]):
+        raise ValueError("bad attention range")
+    cdef int f = fmt
+    cdef Py_ssize_t ss = K.shape[0] + 3  # a row stride no multiple of 8: the rows start anywhere
+    cdef Py_ssize_t B = q.shape[0], G = q.shape[1], hd = q.shape[2]
+    cdef const uint8_t[::1] kb = K.reshape(-1).view(np.uint8)
+    cdef const uint8_t[::1] vb = V.reshape(-1).view(np.uint8)
+    scores = np.empty(B * G * ss, dtype=np.float32)
+    out = np.empty((B, G, hd), dtype=np.float32)
+    cdef float[::1] s = scores
+    cdef float[:, :, ::1] o = out
+    attend_block(&q[0, 0, 0], G * hd, &kb[0], &vb[0], first, last0, B, hd, G, scale, softcap, &s[0], ss,
+                 &o[0, 0, 0], G * hd, f)
     return out
 
 

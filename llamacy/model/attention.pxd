@@ -5,7 +5,7 @@ from llamacy.model.products cimport Products
 ctypedef struct AttnJob:
     # Set once per batch.
     const HParams* hp
-    const Scratch* s      # reads s.q, writes s.att; s.scores: per thread [threads, group, n_ctx]
+    const Scratch* s      # reads s.q, writes s.att; s.scores: [threads, ATT_BLOCK_MAX * group, n_ctx]
     const KVRows* kv
     Py_ssize_t n_ctx      # the scores' row stride (at least the highest slot + 1)
     float rope_base       # what s.cs was last built for (reset per micro-batch)
@@ -16,7 +16,8 @@ ctypedef struct AttnJob:
     Py_ssize_t window     # this layer's sliding window (0 = none)
     Py_ssize_t group      # query heads per KV head
     Py_ssize_t parts      # job items per KV group of a token (1: the whole group)
-    Py_ssize_t n_items    # n * n_head_kv * parts
+    Py_ssize_t n_tok      # the micro-batch's tokens
+    Py_ssize_t n_items    # n * n_head_kv * parts (a prompt: blocks of ATT_BLOCK_MAX tokens * n_head_kv)
     bint stream           # a decode-sized batch: the cached rows come from memory (ops.attend_group)
 
 

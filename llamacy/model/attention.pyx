@@ -6,7 +6,7 @@ output product."""
 from libc.math cimport expf
 from libc.stdint cimport int64_t
 
-from llamacy.kernels.ops cimport add_inplace, attend_group, rope_table
+from llamacy.kernels.ops cimport ATT_BLOCK_MAX, add_inplace, attend_block, attend_group, rope_table
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.simd cimport lc_prefetch_span, lc_prefetch_span_l2
 from llamacy.model.layout cimport KVRows, LayerT, Scratch, first_visible, kv_offset, kv_slot
@@ -71,6 +71,39 @@ cdef inline void _prefetch_group(const AttnJob* c, Py_ssize_t item) noexcept nog
     lc_prefetch_span(kv.vl + off, nbytes)
 
 
+cdef inline bint _continues(const AttnJob* c, Py_ssize_t t, Py_ssize_t first) noexcept nogil:
+    """Whether token t takes the next position of token t - 1's sequence with the same first visible one."""
+    cdef const KVRows* kv = c.kv
+    return (kv.seq[t] == kv.seq[t - 1] and kv.pos[t] == kv.pos[t - 1] + 1
+            and first_visible(kv.pos[t], c.window) == first)
+
+
+cdef void _attend_blocks_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
+    """A prompt's attention: items begin..end-1, each the heads of one KV group over a block of up to
+    ATT_BLOCK_MAX tokens, in runs of consecutive positions of one sequence (ops.attend_block: each cached
+    row widened once for the run)."""
+    cdef AttnJob* c = <AttnJob*> ctx
+    cdef const KVRows* kv = c.kv
+    cdef Py_ssize_t NH = c.hp.n_head, HD = kv.head_dim, G = c.group, item, t, t1, r, h, p, first, slot, off
+    cdef float* scores = c.s.scores + tid * ATT_BLOCK_MAX * G * c.n_ctx
+    for item in range(begin, end):
+        h = item % kv.n_head_kv
+        t = item // kv.n_head_kv * ATT_BLOCK_MAX
+        t1 = min(t + ATT_BLOCK_MAX, c.n_tok)
+        while t < t1:
+            p = kv.pos[t]
+            first = first_visible(p, c.window)
+            r = t + 1
+            while r < t1 and _continues(c, r, first):
+                r += 1
+            slot = kv_slot(kv, first)
+            off = kv_offset(kv, t, h, 0)
+            attend_block(c.s.q + (t * NH + h * G) * HD, NH * HD, kv.kl + off, kv.vl + off, slot,
+                         slot + p - first, r - t, HD, G, c.hp.attn_scale, 0.0, scores, c.n_ctx,
+                         c.s.att + (t * NH + h * G) * HD, NH * HD, kv.fmt)
+            t = r
+
+
 cdef void _attend_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept nogil:
     """Attention for items begin..end-1 of a micro-batch: each some query heads of one KV group of a token."""
     cdef AttnJob* c = <AttnJob*> ctx
@@ -101,6 +134,12 @@ cdef void attend_rows(AttnJob* job, Py_ssize_t window, Py_ssize_t n, int nthread
     # A prompt's tokens read the rows the token before them read, from cache; a decode step's come from
     # memory (each sequence's own rows, read once).
     job.stream = n <= KV_WARM_TOKENS
+    job.n_tok = n
+    if not job.stream:
+        # A prompt: items of ATT_BLOCK_MAX tokens, each row read once for a block's tokens and heads.
+        job.n_items = (n + ATT_BLOCK_MAX - 1) // ATT_BLOCK_MAX * job.kv.n_head_kv
+        parallel_for(_attend_blocks_task, job, job.n_items, max(1, job.n_items // (8 * nthreads)), nthreads)
+        return
     # One item per (token, KV group): the group's heads read each cached row once. When that makes too few
     # items to keep the team busy (decoding one token: Gemma 3 270M has one group, SmolLM2 three), each
     # group splits into parts, as few as give every thread a share: items for all (a multiple of the

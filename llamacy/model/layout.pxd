@@ -156,7 +156,7 @@ ctypedef struct Scratch:
     float* u        # [n, n_ff]
     float* cs       # RoPE cos/sin per token [n, n_rot]
     float* qg       # gated attention's Q projection, q and gate per head [n, 2 * q width] (else unused)
-    float* scores   # per thread [n_threads_max, group, n_ctx]: one row per query head of a KV group
+    float* scores   # [n_threads_max, ATT_BLOCK_MAX * group, n_ctx]: a row per (token, head) of a job item
     uint8_t* aq     # quantized activations [n, max act row bytes]
 
 # Where a micro-batch's tokens read and write one layer's K/V rows: the K/V rows job writes through it and

@@ -3,6 +3,7 @@
 
 from libc.stdint cimport uint8_t
 
+from llamacy.kernels.ops cimport ATT_BLOCK_MAX
 from llamacy.kernels.quant cimport act_row_bytes
 
 import numpy as np
@@ -33,8 +34,9 @@ cdef class ScratchSpace:
         self.s.u = self._floats(n * n_ff)
         self.s.cs = self._floats(n * max(n_rot, 2))
         self.s.qg = self._floats(n * 2 * qw if qgate else 1)
-        # Per thread, a row of n_ctx scores for each query head of a KV group (attention.pyx's job items).
-        self.s.scores = self._floats(self.threads_max * max(1, group) * n_ctx_max)
+        # Per thread, a row of n_ctx scores for each query head of a KV group, for each token of a prompt's
+        # block (attention.pyx's job items). Pages never written cost nothing (np.zeros maps them lazily).
+        self.s.scores = self._floats(self.threads_max * ATT_BLOCK_MAX * max(1, group) * n_ctx_max)
         aq = np.zeros(n * aq_row + 64, np.uint8)
         self._arrays.append(aq)
         cdef uint8_t[::1] b = aq

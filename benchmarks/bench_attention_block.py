@@ -39,7 +39,7 @@ def main() -> None:
     V = rng.standard_normal((n, a.head_dim)).astype(dt)
     q = rng.standard_normal((a.tokens, a.heads, a.head_dim)).astype(np.float32)
     scale = 1 / np.sqrt(a.head_dim)
-    wide_ok = ops.set_block_wide(True)
+    wide_ok = ops.set_attention_wide(True)
 
     def block() -> None:
         testing.py_attend_block(q, K, V, 0, a.depth, scale)
@@ -55,11 +55,11 @@ def main() -> None:
     for _ in range(a.rounds):
         for name, (fn, wide) in variants.items():
             if wide is not None:
-                ops.set_block_wide(wide)
+                ops.set_attention_wide(wide)
             t0 = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
-    ops.set_block_wide(ops.BLOCK_WIDE)
+    ops.set_attention_wide(ops.ATTENTION_WIDE)
     work = a.tokens * a.heads * (a.depth + 1 + (a.tokens - 1) / 2)
     print(
         f"head_dim {a.head_dim}, {a.heads} heads a group, {a.tokens} tokens at depth {a.depth}, {a.kv_type} rows"

@@ -1,6 +1,6 @@
 """A prompt's attention in blocks of tokens (ops.attend_block, attention_block.h): every (token, head) gets
-bit for bit what the grouped kernel gives it alone, on AVX2 and AVX-512 vectors, so a prompt gives the same
-logits whole, in micro-batches, one token at a time and beside another sequence."""
+bit for bit what the grouped kernel gives it alone, on AVX2 and AVX-512 vectors (attention512.h), so a prompt
+gives the same logits whole, in micro-batches, one token at a time and beside another sequence."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from llamacy.engine import Llama
 from llamacy.kernels import ops, testing
 from llamacy.model.kv_types import kv_format
 
-WIDE_AVAILABLE = ops.set_block_wide(True)
-ops.set_block_wide(ops.BLOCK_WIDE)
+WIDE_AVAILABLE = ops.set_attention_wide(True)
+ops.set_attention_wide(ops.ATTENTION_WIDE)
 
 
 @pytest.fixture(params=[False, True], ids=["avx2", "avx512"])
@@ -21,9 +21,9 @@ def wide(request):
     """The block kernel on AVX2 vectors, then on AVX-512's where this CPU has them; restored after."""
     if request.param and not WIDE_AVAILABLE:
         pytest.skip("no AVX-512F here (or a build without the wide kernel)")
-    ops.set_block_wide(request.param)
+    ops.set_attention_wide(request.param)
     yield request.param
-    ops.set_block_wide(ops.BLOCK_WIDE)
+    ops.set_attention_wide(ops.ATTENTION_WIDE)
 
 
 def _rows(rng, n, hd, kv_type):

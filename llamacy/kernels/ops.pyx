@@ -27,27 +27,33 @@ cdef extern from "attention.h" nogil:
                          Py_ssize_t ss, float* out, int stream, int fmt)
 
 
+# Declared from the header that defines it (attention_block.h includes it), so that a change there rebuilds
+# ops.
+cdef extern from "attention512.h" nogil:
+    int lc_attend_wide(int on)
+
+
 cdef extern from "attention_block.h" nogil:
-    int lc_attend_block_wide(int on)
     bint lc_attend_block_ok(Py_ssize_t hd, Py_ssize_t G, Py_ssize_t B, int fmt)
     void lc_attend_block(const float* q, Py_ssize_t qs, const void* K, const void* V, Py_ssize_t first,
                          Py_ssize_t last0, Py_ssize_t B, Py_ssize_t hd, Py_ssize_t G, float scale, float softcap,
                          float* scores, Py_ssize_t ss, float* out, Py_ssize_t ostride, int fmt)
 
 
-def set_block_wide(bint on):
-    """Run the prompt attention's block kernel on AVX-512 vectors (on: the CPU must have AVX-512F) or on
-    AVX2's; the same bits either way. Returns whether it now runs on AVX-512 (False in a build without it)."""
-    return bool(lc_attend_block_wide(on))
+def set_attention_wide(bint on):
+    """Run a prompt's attention blocks on AVX-512 vectors (on: the CPU must have AVX-512F) or on AVX2's; the
+    same bits either way (attention512.h). Returns whether they now run on AVX-512 (False in a build without
+    it)."""
+    return bool(lc_attend_wide(on))
 
 
-def _block_wide_default():
+def _attention_wide_default():
     from llamacy.kernels import cpu
 
     return cpu.avx512_features()["avx512f"] and os.environ.get("LLAMACY_NO_AVX512", "") in ("", "0")
 
 
-BLOCK_WIDE = set_block_wide(_block_wide_default())
+ATTENTION_WIDE = set_attention_wide(_attention_wide_default())
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:

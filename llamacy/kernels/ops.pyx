@@ -221,9 +221,11 @@ cdef void attend_block(const float* q, Py_ssize_t q_stride, const void* K, const
     token i attends over first..last0 + i, its heads at q + i * q_stride (out + i * out_stride), laid out as
     attend_group's. Each (token, head) gets bit for bit what attend_group gives for it alone; the rows are
     read (and widened) once for the block (attention_block.h). scores: n_tok * n_heads rows of scores_stride
-    >= last0 + n_tok floats. Not for decoding: the rows are expected in cache (no stream)."""
+    >= last0 + n_tok floats. Not for decoding: the rows are expected in cache (no stream). A run of one token
+    (a decoded token batched beside a prompt, a windowed layer past its window's start) takes attend_group:
+    one token's heads do not share the widening enough (attention512.h)."""
     cdef Py_ssize_t i
-    if lc_attend_block_ok(head_dim, n_heads, n_tok, kv_fmt):
+    if n_tok > 1 and lc_attend_block_ok(head_dim, n_heads, n_tok, kv_fmt):
         lc_attend_block(q, q_stride, K, V, first, last0, n_tok, head_dim, n_heads, scale, softcap, scores,
                         scores_stride, out, out_stride, kv_fmt)
         return

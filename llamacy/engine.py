@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from llamacy.structured import Grammar
 
 DEFAULT_CTX = 4096
+# Tokens of a prompt's attention block (ops.pxd's ATT_BLOCK_MAX; a constant here, to size the scratch before
+# any kernel module loads).
+ATT_BLOCK_TOKENS = 8
 
 
 def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -106,9 +109,10 @@ class Llama:
             )
         self.n_threads = n_threads or default_threads()
         weights = sum(t.n_bytes for t in self.gguf.tensors.values())
-        scratch = (
-            n_batch * 4 * (6 * self.config.n_embd + 3 * self.config.n_ff) + self.n_threads * self.n_ctx * 4
-        )
+        # Attention's score rows: per thread, one of n_ctx floats per head of a KV group for each token of a
+        # prompt's block (model/scratch.pyx); they fill as deep as the prompt reaches.
+        scores = self.n_threads * ATT_BLOCK_TOKENS * max(1, self.config.widest()["group"]) * self.n_ctx * 4
+        scratch = n_batch * 4 * (6 * self.config.n_embd + 3 * self.config.n_ff) + scores
         check_fits(
             weights,
             self.config.kv_bytes(self.n_ctx, kv_type=kv_type, ubatch=n_batch),

@@ -82,6 +82,12 @@ def test_block_matches_numpy(wide):
         np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
 
 
+def test_engine_sizes_the_block_scratch_with_the_kernel_constant():
+    from llamacy import engine
+
+    assert engine.ATT_BLOCK_TOKENS == ops.ATT_BLOCK_TOKENS
+
+
 def test_block_rejects_bad_ranges():
     K = np.zeros((10, 8), np.float32)
     with pytest.raises(ValueError, match="range"):

@@ -54,6 +54,7 @@ def _attention_wide_default():
 
 
 ATTENTION_WIDE = set_attention_wide(_attention_wide_default())
+ATT_BLOCK_TOKENS = ATT_BLOCK_MAX  # tokens of a prompt's attention block (engine.py sizes the scratch with it)
 
 
 cdef float dot_f32(const float* a, const float* b, Py_ssize_t n) noexcept nogil:

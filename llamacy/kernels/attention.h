@@ -598,6 +598,42 @@ LC_ATT_INLINE void lc_att_prefetch_rows(int stream, const void *base, ptrdiff_t 
 #define LC_ATT_VBLOCK_BYTES 16384
 #define LC_ATT_VBLOCK_STREAM_BYTES 4096
 
+#if LC_ATT_SIMD
+/* The scores of G heads (head g's query at q + g * hd, its score of row r at s + g * ss + r) over rows 0..nr
+ * of float or half K rows from K: blocks of 8 while whole, two heads at a time then one, then row by row
+ * (lc_att_dot). stream: each block requests the rows LC_ATT_PF_KROWS ahead of it. The grouped pass and a
+ * prompt block's own rows (attention_block.h) run this. */
+LC_ATT_INLINE void lc_att_scores_rows(const float *q, ptrdiff_t G, const void *K, ptrdiff_t nr, ptrdiff_t hd,
+                                      float scale, float *s, ptrdiff_t ss, int stream, int fmt) {
+    const ptrdiff_t rb = lc_kv_row_bytes(fmt, hd);
+    ptrdiff_t j = 0, g;
+    for (; j + 8 <= nr; j += 8) {
+        lc_att_prefetch_rows(stream, K, j + LC_ATT_PF_KROWS, j + LC_ATT_PF_KROWS + 8, nr, rb);
+        for (g = 0; g + 2 <= G; g += 2)
+            lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, s + g * ss, s + (g + 1) * ss, fmt);
+        if (g < G) lc_att_scores8_call(q + g * hd, K, j, hd, scale, s + g * ss, fmt);
+    }
+    for (; j < nr; j++)
+        for (g = 0; g < G; g++) s[g * ss + j] = lc_att_dot(q + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
+}
+
+/* The value sums of G heads over nr rows from row0 (head g's weights at w + g * ws, its sums at
+ * out + g * hd), four, two, one at a time (any grouping gives the same per-column chains). The grouped pass
+ * and a prompt block (attention_block.h) run this. */
+LC_ATT_INLINE void lc_att_values_heads(const float *w, ptrdiff_t ws, const void *V, ptrdiff_t row0, ptrdiff_t nr,
+                                       ptrdiff_t hd, ptrdiff_t G, float *out, int init, int fmt) {
+    const ptrdiff_t G4 = hd % 32 == 0 ? G / 4 * 4 : 0;
+    ptrdiff_t g = 0;
+    for (; g < G4; g += 4) lc_att_values_acc4(w + g * ws, ws, V, row0, nr, hd, out + g * hd, init, fmt);
+    for (; g + 2 <= G; g += 2)
+        lc_att_values_acc2(w + g * ws, w + (g + 1) * ws, V, row0, nr, hd, out + g * hd, out + (g + 1) * hd,
+                           init, fmt);
+    if (g < G)
+        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
+            lc_att_values_acc(w + g * ws, V, row0, nr, hd, d0, out + g * hd, init, fmt);
+}
+#endif
+
 /* G <= LC_ATT_GROUP_MAX query heads over one KV head (G = 1 included): head g reads q + g * hd, writes
  * out + g * hd and uses scores + g * ss (ss >= last + 1), scores[first..last] its softmax weights. The heads
  * take turns on each block of cached rows (8 K rows for the scores, a block of V rows for the sums), so
@@ -621,11 +657,9 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
     const ptrdiff_t vbytes = stream ? LC_ATT_VBLOCK_STREAM_BYTES : LC_ATT_VBLOCK_BYTES;
     const ptrdiff_t fit = vbytes / rb, vrows = fit > 8 ? fit : 8;
     float inv[LC_ATT_GROUP_MAX];
-    /* the sums (and a quantized row's scores) of heads four at a time, then two, then one */
-    const ptrdiff_t G4 = hd % 32 == 0 ? G / 4 * 4 : 0;
     ptrdiff_t j = first, g;
     if (LC_KV_QUANT(fmt)) { /* integer dot products with the quantized query, heads four, two, one at a time */
-        const ptrdiff_t qs = hd / 32 * LC_QQ_BYTES, nb = hd / 32;
+        const ptrdiff_t qs = hd / 32 * LC_QQ_BYTES, nb = hd / 32, G4 = hd % 32 == 0 ? G / 4 * 4 : 0;
         for (; j + 8 <= n; j += 8) {
             lc_att_prefetch_rows(stream, K, j + LC_ATT_PF_KROWS, j + LC_ATT_PF_KROWS + 8, n, rb);
             for (g = 0; g < G4; g += 4)
@@ -638,30 +672,14 @@ LC_ATT_INLINE void lc_attend_group_pass(const float *q, const char *qq, const fl
             for (g = 0; g < G; g++)
                 scores[g * ss + j] = lc_attq_dot(qq + g * qs, dq + g * nb, (const char *)K + j * rb, hd, fmt) * scale;
     } else {
-        for (; j + 8 <= n; j += 8) {
-            lc_att_prefetch_rows(stream, K, j + LC_ATT_PF_KROWS, j + LC_ATT_PF_KROWS + 8, n, rb);
-            for (g = 0; g + 2 <= G; g += 2)
-                lc_att_scores8x2_call(q + g * hd, q + (g + 1) * hd, K, j, hd, scale, scores + g * ss,
-                                      scores + (g + 1) * ss, fmt);
-            if (g < G) lc_att_scores8_call(q + g * hd, K, j, hd, scale, scores + g * ss, fmt);
-        }
-        for (; j < n; j++)
-            for (g = 0; g < G; g++)
-                scores[g * ss + j] = lc_att_dot(q + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
+        lc_att_scores_rows(q, G, (const char *)K + first * rb, n - first, hd, scale, scores + first, ss, stream, fmt);
     }
     lc_att_prefetch_rows(stream, V, first, first + vrows, n, rb);
     for (g = 0; g < G; g++) inv[g] = lc_att_softmax(scores + g * ss, first, n, softcap);
     for (j = first; j < n; j += vrows) {
         const ptrdiff_t nr = n - j < vrows ? n - j : vrows;
         lc_att_prefetch_rows(stream, V, j + vrows, j + 2 * vrows, n, rb);
-        for (g = 0; g < G4; g += 4)
-            lc_att_values_acc4(scores + g * ss + j, ss, V, j, nr, hd, out + g * hd, j == first, fmt);
-        for (; g + 2 <= G; g += 2)
-            lc_att_values_acc2(scores + g * ss + j, scores + (g + 1) * ss + j, V, j, nr, hd, out + g * hd,
-                               out + (g + 1) * hd, j == first, fmt);
-        if (g < G)
-            for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
-                lc_att_values_acc(scores + g * ss + j, V, j, nr, hd, d0, out + g * hd, j == first, fmt);
+        lc_att_values_heads(scores + j, ss, V, j, nr, hd, G, out, j == first, fmt);
     }
     for (g = 0; g < G; g++) lc_att_scale(out + g * hd, hd, inv[g]);
 #else

@@ -28,24 +28,6 @@
 
 #define LC_ATT_BLOCK_MAX 8      /* tokens per block */
 
-#if LC_ATT_SIMD
-/* The value sums of the heads of one token over nr rows (their weights at w + g * ws), four, two, one at a
- * time as the grouped pass takes them (any grouping gives the same per-column chains). */
-LC_ATT_INLINE void lc_att_values_heads(const float *w, ptrdiff_t ws, const void *V, ptrdiff_t row0, ptrdiff_t nr,
-                                       ptrdiff_t hd, ptrdiff_t G, float *out, int init, int fmt) {
-    const ptrdiff_t G4 = hd % 32 == 0 ? G / 4 * 4 : 0;
-    ptrdiff_t g = 0;
-    for (; g < G4; g += 4) lc_att_values_acc4(w + g * ws, ws, V, row0, nr, hd, out + g * hd, init, fmt);
-    for (; g + 2 <= G; g += 2)
-        lc_att_values_acc2(w + g * ws, w + (g + 1) * ws, V, row0, nr, hd, out + g * hd, out + (g + 1) * hd,
-                           init, fmt);
-    if (g < G)
-        for (ptrdiff_t d0 = 0; d0 < hd; d0 += 64)
-            lc_att_values_acc(w + g * ws, V, row0, nr, hd, d0, out + g * hd, init, fmt);
-}
-#endif
-
-
 /* B <= LC_ATT_BLOCK_MAX tokens at consecutive positions, G <= LC_ATT_GROUP_MAX query heads each, over one
  * KV head: token i attends over rows first..last0 + i. Its heads read q + i * qs + g * hd and write
  * out + i * os + g * hd; head g of token i uses the row of scores at scores + (i * G + g) * ss, indexed from
@@ -78,18 +60,8 @@ LC_ATT_INLINE void lc_attend_block_impl(const float *q, ptrdiff_t qs, const void
     /* Each token's rows beyond: blocks of 8 while whole, then one by one, from the cached rows. */
     for (i = 0; i < B; i++) {
         const ptrdiff_t n = n0 + i;
-        const float *qi = q + i * qs;
-        float *si = scores + i * G * ss; /* si[j - first]: position j */
-        for (j = jc; j + 8 <= n; j += 8) {
-            const char *kj = (const char *)K + j * rb;
-            for (g = 0; g + 2 <= G; g += 2)
-                lc_att_scores8x2_call(qi + g * hd, qi + (g + 1) * hd, kj, 0, hd, scale, si + g * ss + (j - first),
-                                      si + (g + 1) * ss + (j - first), fmt);
-            if (g < G) lc_att_scores8_call(qi + g * hd, kj, 0, hd, scale, si + g * ss + (j - first), fmt);
-        }
-        for (; j < n; j++)
-            for (g = 0; g < G; g++)
-                si[g * ss + (j - first)] = lc_att_dot(qi + g * hd, (const char *)K + j * rb, hd, fmt) * scale;
+        lc_att_scores_rows(q + i * qs, G, (const char *)K + jc * rb, n - jc, hd, scale,
+                           scores + i * G * ss + (jc - first), ss, 0, fmt);
         for (g = 0; g < G; g++) inv[i * G + g] = lc_att_softmax(scores + (i * G + g) * ss, 0, n - first, softcap);
     }
     /* The value sums: the rows every token sees in blocks widened once, then each token's own. */

@@ -2,6 +2,8 @@
 # say, in one sentence, why the SIMD kernels cannot run, instead of the process dying on an illegal
 # instruction. It must never import the SIMD modules.
 
+import os
+
 cdef extern from *:
     """
     #ifndef LLAMACY_SIMD_BUILD
@@ -53,6 +55,12 @@ def avx512_features():
 def vendor():
     """'intel', 'amd' or 'other': whose CPU this is (kernels tune their prefetching to it)."""
     return "intel" if llamacy_cpu_has(7) else "amd" if llamacy_cpu_has(8) else "other"
+
+
+def avx512_allowed():
+    """False where LLAMACY_NO_AVX512 asks for the AVX2 kernels only (matmul's products, ops' prompt
+    attention; tests and benchmarks compare the two)."""
+    return os.environ.get("LLAMACY_NO_AVX512", "") in ("", "0")
 
 
 def has_avx512_vnni():

@@ -72,7 +72,9 @@ def _load_vnni():
 AVX512_STATUS = _load_vnni()
 if AVX512_STATUS == "available":
     _vnni_found = True
-    if os.environ.get("LLAMACY_NO_AVX512", "") in ("", "0"):
+    from llamacy.kernels import cpu
+
+    if cpu.avx512_allowed():
         _vnni_on = True
     else:
         AVX512_STATUS = "off (LLAMACY_NO_AVX512)"

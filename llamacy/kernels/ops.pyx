@@ -6,8 +6,6 @@ reassociate the reductions and call glibc's vector expf/tanhf. The reductions al
 independent partial sums, so they vectorise even without it (the portable build).
 """
 
-import os
-
 from libc.math cimport cosf, expf, powf, sinf, sqrtf, tanhf
 from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport free, malloc
@@ -50,7 +48,7 @@ def set_attention_wide(bint on):
 def _attention_wide_default():
     from llamacy.kernels import cpu
 
-    return cpu.avx512_features()["avx512f"] and os.environ.get("LLAMACY_NO_AVX512", "") in ("", "0")
+    return cpu.avx512_features()["avx512f"] and cpu.avx512_allowed()
 
 
 ATTENTION_WIDE = set_attention_wide(_attention_wide_default())

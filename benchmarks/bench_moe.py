@@ -2,13 +2,19 @@
 
     python3 benchmarks/bench_moe.py                   # 8 experts, 2 used; ~360 MB at q4_k_m; a minute or two
     python3 benchmarks/bench_moe.py --layers 4 --rounds 1  # quicker
+    python3 benchmarks/bench_moe.py --stacks --rounds 12   # the MoE file, expert stacks tiled vs stored
 
 Both models are synthetic (random weights: speed does not depend on the values), written with the gguf
 package as llama.cpp lays them out (arch llama; the MoE one Mixtral-style, with ffn_gate_inp and the 3-D
-ffn_*_exps tensors), their tensor types chosen by llamacy's q4_k_m mixture rules. The dense model's
+ffn_*_exps tensors), their tensor types chosen by llamacy's mixture rules for --type (q4_k_m). The dense model's
 feed-forward is n_used experts wide, so a token computes with the same number of parameters in both; the
 MoE file is ~n_expert / n_used times larger, far out of the caches, while decode reads only the chosen
 experts' rows. Rounds alternate the two models (each in this process, warmed once); medians are printed.
+
+--stacks: the MoE file twice instead, its expert stacks repacked into 8-row tiles as the engine binds them
+where the VNNI kernels are on (model/repack.py's experts_repackable) and as stored, both bound once and
+alternating in one process (each round a fresh context); the ratio tiled / stored per round, its median and
+range.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ def write_model(path: Path, args: argparse.Namespace, moe: bool) -> None:
     shapes = _shapes(args, moe)
     specs = [TensorSpec(n, s, 0) for n, s in shapes.items()]  # keep F32 (type 0) for what is not quantized
     facts = ModelFacts("llama", args.layers, E // 64, E // 256, args.experts if moe else 0)
-    types = choose_types(specs, target("q4_k_m"), facts)
+    types = choose_types(specs, target(args.type), facts)
     rng = np.random.default_rng(0)
     w = GGUFWriter(str(path), "llama")
     w.add_name("synthetic moe" if moe else "synthetic dense")
@@ -102,6 +108,53 @@ def measure(path: Path, threads: int, n_prompt: int, n_gen: int) -> tuple[float,
     return n_prompt / (t1 - t0), n_gen / (t2 - t1)
 
 
+def stacks(path: Path, threads: int, n_prompt: int, n_gen: int, rounds: int) -> None:
+    """The MoE file with its expert stacks tiled and stored, alternating in one process."""
+    import llamacy.model.repack as repack
+
+    models = {"tiled": Model(GGUFFile(path), n_ctx=n_prompt + n_gen + 1, n_threads=threads)}
+    keep = repack.experts_repackable
+    repack.experts_repackable = lambda rows: False
+    try:
+        models["stored"] = Model(GGUFFile(path), n_ctx=n_prompt + n_gen + 1, n_threads=threads)
+    finally:
+        repack.experts_repackable = keep
+    for kind, m in models.items():
+        layouts = sorted(
+            {f.layout for layer in m.weights.layers for k, f in layer.items() if k.endswith("_exps")}
+        )
+        print(f"{kind}: stack layouts {layouts}")
+    rng = np.random.default_rng(1)
+
+    def run(m: Model) -> tuple[float, float]:
+        m.kv.truncate(0, 0)
+        ids = rng.integers(0, VOCAB, n_prompt + n_gen).tolist()
+        t0 = time.perf_counter()
+        m.eval(ids[:n_prompt])
+        t1 = time.perf_counter()
+        for t in ids[n_prompt:]:
+            m.eval([t])
+        return n_prompt / (t1 - t0), n_gen / (time.perf_counter() - t1)
+
+    for m in models.values():
+        run(m)  # warm
+    got: dict[str, list[tuple[float, float]]] = {"tiled": [], "stored": []}
+    for r in range(rounds):
+        for kind in ("tiled", "stored") if r % 2 == 0 else ("stored", "tiled"):
+            got[kind].append(run(models[kind]))
+    for kind, v in got.items():
+        print(
+            f"{kind:6s}  prefill {statistics.median(p for p, _ in v):8.1f} tok/s   "
+            f"decode {statistics.median(g for _, g in v):6.2f} tok/s"
+        )
+    for i, what in ((0, "prefill"), (1, "decode")):
+        ratios = [a[i] / b[i] for a, b in zip(got["tiled"], got["stored"], strict=True)]
+        print(
+            f"tiled/stored {what}: {statistics.median(ratios):.3f} (range {min(ratios):.2f}-{max(ratios):.2f}, "
+            f"{rounds} rounds)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/llamacy-bench-moe"))
@@ -114,14 +167,21 @@ def main() -> None:
     ap.add_argument("-p", type=int, default=128, help="prompt tokens")
     ap.add_argument("-n", type=int, default=32, help="generated tokens")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--type", default="q4_k_m", help="the mixture (llamacy convert --type)")
+    ap.add_argument("--stacks", action="store_true", help="the MoE file's expert stacks tiled vs stored")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for kind in ("moe", "dense"):
-        paths[kind] = args.dir / f"{kind}-{args.layers}x{args.embd}-{args.experts}x{args.ff_exp}.gguf"
+        name = f"{kind}-{args.layers}x{args.embd}-{args.experts}x{args.ff_exp}"
+        paths[kind] = args.dir / f"{name}{'' if args.type == 'q4_k_m' else '-' + args.type}.gguf"
         if not paths[kind].exists():
             write_model(paths[kind], args, kind == "moe")
         print(f"{kind}: {paths[kind].stat().st_size / 2**20:.0f} MiB ({paths[kind]})")
+    if args.stacks:
+        print(f"{args.threads} threads, pp{args.p} then tg{args.n} a round")
+        stacks(paths["moe"], args.threads, args.p, args.n, args.rounds)
+        return
     for kind in paths:
         measure(paths[kind], args.threads, 16, 4)  # warm: pages mapped in, thread team up
     results: dict[str, list[tuple[float, float]]] = {"moe": [], "dense": []}

@@ -402,3 +402,51 @@ def test_shared_expert_gate_as_stored(qtype: QT) -> None:
             assert np.abs(got - v).max() < 0.02 * np.abs(v).max()
         else:
             assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("qtype", "width", "types"),
+    [
+        ("q4_0", 64, {QT.Q4_0}),
+        ("q4_1", 64, {QT.Q4_1}),
+        ("q5_0", 64, {QT.Q5_0}),
+        ("q8_0", 64, {QT.Q8_0}),
+        ("q4_k_m", 256, {QT.Q4_K, QT.Q6_K}),
+        ("q5_k_m", 256, {QT.Q5_K, QT.Q6_K}),
+    ],
+)
+def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, width, types) -> None:
+    """Where the VNNI kernels are on, the expert stacks are repacked into 8-row tiles like the dense
+    matrices (repack.experts_repackable), and the logits are bit for bit those of the stored experts: whole
+    prompt, micro-batches and one token at a time, 1 and 2 threads, repacked at load or between
+    evaluations (the first tokens over the stored rows). On AVX2 alone they stay stored."""
+    from llamacy.kernels.matmul import tiles_available
+    from llamacy.kernels.repack import LAYOUT_STORED, tile_layout
+
+    from llamacy.engine import Llama
+
+    model = write_hf_moe_model(tmp_path / "m", "qwen3moe", n_embd=width, n_ff_exp=width, clear_routing=True)
+    path = tmp_path / f"{qtype}.gguf"
+    convert(model.path, path, qtype, threads=2)
+    stacks = [n for n in GGUFFile(path).tensors if "_exps" in n]
+    assert {QT(GGUFFile(path).tensors[n].type) for n in stacks} == types
+    ids = IDS[:20]
+    monkeypatch.setenv("LLAMACY_REPACK", "0")
+    stored = Llama(str(path), n_threads=1, kv_type="f32")
+    want = stored.logits(ids)
+    assert all(m.layout == LAYOUT_STORED for layer in stored.weights.layers for m in _stacks(layer))
+    monkeypatch.delenv("LLAMACY_REPACK")
+    for threads, n_batch, repack in ((1, 512, "load"), (2, 512, "load"), (2, 7, "load"), (2, 1, "deferred")):
+        llm = Llama(str(path), n_threads=threads, n_batch=n_batch, kv_type="f32", repack=repack)
+        np.testing.assert_array_equal(llm.logits(ids), want, err_msg=f"threads={threads} n_batch={n_batch}")
+    if llm.weights.deferred is not None:
+        llm.weights.deferred.finish()
+    layouts = {(m.type, m.layout) for layer in llm.weights.layers for m in _stacks(layer)}
+    if tiles_available():
+        assert layouts == {(t, tile_layout(t, width, width)) for t in types}
+    else:
+        assert {layout for _, layout in layouts} == {LAYOUT_STORED}
+
+
+def _stacks(layer: dict) -> list:
+    return [m for k, m in layer.items() if k.endswith("_exps") and m is not None]

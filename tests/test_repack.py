@@ -3,7 +3,8 @@ matmul512_x8.pxi).
 
 The tiles must give the very bits the stored rows give, on every path (decode, few tokens, prompt chunks)
 and thread count, in a kernel call and in a whole model; the layout is checked byte for byte against a
-numpy statement of it; what is not a product's weight (token embeddings, expert stacks) stays as stored.
+numpy statement of it; what is not a product's weight (token embeddings) stays as stored. (Expert stacks:
+tests/test_moe.py's test_repacked_experts_give_the_stored_bits.)
 """
 
 from __future__ import annotations

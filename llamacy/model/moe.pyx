@@ -7,17 +7,20 @@ thing). The batch's tokens are then grouped by expert, so that an expert's rows 
 every token routed to it, and decode reads only the k chosen experts. The products run as one job per
 phase over (expert, row range) items: the threads split the work across experts and rows at once, each
 item an ordinary matmul of a row range of the expert's slice of the stacked tensor (a contiguous run of
-rows), so every row is computed by the same kernels, bit for bit, as a dense matrix's.
+rows), so every row is computed by the same kernels, bit for bit, as a dense matrix's. Where the VNNI
+kernels are on, the stacks are repacked into 8-row tiles like the dense matrices (repack.experts_repackable:
+an expert's rows are whole tiles), and an item reads its expert's tiles.
 """
 
 from libc.math cimport expf
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 
-from llamacy.kernels.matmul cimport matmul_rows
+from llamacy.kernels.matmul cimport matmul_rows, matmul_tiled
 from llamacy.kernels.ops cimport dot_f32
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_format, act_row_bytes
+from llamacy.kernels.traits cimport layout_row_bytes
 from llamacy.model.layout cimport HParams, LayerT, WeightT
 from llamacy.model.products cimport weight_matmul
 from llamacy.model.rowjobs cimport RowJob, act_rows, quant_rows
@@ -102,16 +105,21 @@ cdef void _expert_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
     cdef MoeJob* M = <MoeJob*> ctx
     cdef const ExpertItem* it
     cdef const WeightT* w
-    cdef Py_ssize_t i, e, r_exp, first
+    cdef Py_ssize_t i, e, r_exp, first, r
     for i in range(begin, end):
         it = &M.items[i]
         w = M.w[it.mat]
         e = it.expert
         r_exp = w.rows // M.hp.n_expert
         first = M.start[e]
-        matmul_rows(w.data + (e * r_exp + it.r0) * w.row_bytes, w.type, it.r1 - it.r0, w.cols,
-               M.aq + first * M.arb, M.start[e + 1] - first, M.y[it.mat] + first * M.ldy[it.mat] + it.r0,
-               M.ldy[it.mat], 1)
+        r = e * r_exp + it.r0  # the stack's row: a multiple of 8 when tiled (repack.experts_repackable)
+        if w.layout != 0:
+            matmul_tiled(w.data + r * layout_row_bytes(w.layout, w.cols), w.type, w.layout, it.r1 - it.r0,
+                         w.cols, M.aq + first * M.arb, M.start[e + 1] - first,
+                         M.y[it.mat] + first * M.ldy[it.mat] + it.r0, M.ldy[it.mat], 1)
+        else:
+            matmul_rows(w.data + r * w.row_bytes, w.type, it.r1 - it.r0, w.cols, M.aq + first * M.arb,
+                        M.start[e + 1] - first, M.y[it.mat] + first * M.ldy[it.mat] + it.r0, M.ldy[it.mat], 1)
 
 
 cdef void _experts(MoeJob* M, const WeightT* w0, float* y0, const WeightT* w1, float* y1, Py_ssize_t n_tok,

@@ -176,7 +176,9 @@ class WeightBinder:
                 raise ValueError(f"{self.cfg.arch}: field {spec.field} declared twice")
             out[spec.field] = self._bind(spec)
             used.add(spec.name)
-            repackable = spec.kind == MATRIX and spec.field not in ROW_READ_FIELDS
+            repackable = spec.field not in ROW_READ_FIELDS and (
+                spec.kind == MATRIX or (spec.kind == EXPERTS and _experts_repackable(spec.shape[1]))
+            )
             if self.repack and repackable and out[spec.field] is not None:
                 self._to_repack.append((out, spec.field, spec.name))
         return out
@@ -233,6 +235,12 @@ class WeightBinder:
         if len(spec.shape) == 2:
             return self.vector(spec.name, spec.shape[0] * spec.shape[1], spec.optional, spec.shape)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
+
+
+def _experts_repackable(rows_per_expert: int) -> bool:
+    from llamacy.model.repack import experts_repackable
+
+    return experts_repackable(rows_per_expert)
 
 
 def _file_identity(path: str) -> tuple | None:

@@ -10,6 +10,8 @@ ffn_*_exps tensors), their tensor types chosen by llamacy's mixture rules for --
 feed-forward is n_used experts wide, so a token computes with the same number of parameters in both; the
 MoE file is ~n_expert / n_used times larger, far out of the caches, while decode reads only the chosen
 experts' rows. Rounds alternate the two models (each in this process, warmed once); medians are printed.
+The files carry the default model's tokenizer, so that bench_ab.py can run them beside llama.cpp's
+llama-bench (--write-only writes them and stops).
 
 --stacks: the MoE file twice instead, its expert stacks repacked into 8-row tiles as the engine binds them
 where the VNNI kernels are on (model/repack.py's experts_repackable) and as stored, both bound once and
@@ -32,7 +34,25 @@ from llamacy.convert.mixtures import ModelFacts, TensorSpec, choose_types, targe
 from llamacy.gguf import GGUFFile
 from llamacy.model import Model
 
-VOCAB = 16384
+VOCAB = 49152  # the default model's (SmolLM2's) vocabulary, whose tokenizer the files carry
+
+
+def add_tokenizer(w: GGUFWriter) -> None:
+    """The default model's tokenizer (byte-level BPE), so that `llamacy bench` and llama.cpp's llama-bench
+    load the files as they load a real model (bench_ab.py runs both on them)."""
+    from llamacy.catalog import resolve_model
+
+    f = GGUFFile(resolve_model(None, allow_pull=False))
+    tokens = f.get("tokenizer.ggml.tokens")
+    if len(tokens) != VOCAB:
+        raise SystemExit(f"the default model's vocabulary is {len(tokens)} tokens, not {VOCAB}")
+    w.add_tokenizer_model(f.get("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(f.get("tokenizer.ggml.pre"))
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in f.get("tokenizer.ggml.token_type")])
+    w.add_token_merges(f.get("tokenizer.ggml.merges"))
+    w.add_bos_token_id(f.get("tokenizer.ggml.bos_token_id"))
+    w.add_eos_token_id(f.get("tokenizer.ggml.eos_token_id"))
 
 
 def _shapes(args: argparse.Namespace, moe: bool) -> dict[str, tuple[int, ...]]:
@@ -75,6 +95,7 @@ def write_model(path: Path, args: argparse.Namespace, moe: bool) -> None:
     if moe:
         w.add_expert_count(args.experts)
         w.add_expert_used_count(args.used)
+    add_tokenizer(w)
     cache: dict[tuple, np.ndarray] = {}
     for (name, shape), ty in zip(shapes.items(), types, strict=True):
         if len(shape) == 1:
@@ -168,6 +189,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=32, help="generated tokens")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--type", default="q4_k_m", help="the mixture (llamacy convert --type)")
+    ap.add_argument("--write-only", action="store_true", help="write the two files, print their paths, stop")
     ap.add_argument("--stacks", action="store_true", help="the MoE file's expert stacks tiled vs stored")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -175,9 +197,11 @@ def main() -> None:
     for kind in ("moe", "dense"):
         name = f"{kind}-{args.layers}x{args.embd}-{args.experts}x{args.ff_exp}"
         paths[kind] = args.dir / f"{name}{'' if args.type == 'q4_k_m' else '-' + args.type}.gguf"
-        if not paths[kind].exists():
-            write_model(paths[kind], args, kind == "moe")
+        if not paths[kind].exists() or GGUFFile(paths[kind]).get("tokenizer.ggml.model") is None:
+            write_model(paths[kind], args, kind == "moe")  # (files from before they carried a tokenizer too)
         print(f"{kind}: {paths[kind].stat().st_size / 2**20:.0f} MiB ({paths[kind]})")
+    if args.write_only:
+        return
     if args.stacks:
         print(f"{args.threads} threads, pp{args.p} then tg{args.n} a round")
         stacks(paths["moe"], args.threads, args.p, args.n, args.rounds)

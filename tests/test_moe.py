@@ -424,6 +424,7 @@ def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, wid
     from llamacy.kernels.repack import LAYOUT_STORED, tile_layout
 
     from llamacy.engine import Llama
+    from llamacy.model.repack import experts_repackable
 
     model = write_hf_moe_model(tmp_path / "m", "qwen3moe", n_embd=width, n_ff_exp=width, clear_routing=True)
     path = tmp_path / f"{qtype}.gguf"
@@ -446,6 +447,7 @@ def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, wid
         assert layouts == {(t, tile_layout(t, width, width)) for t in types}
     else:
         assert {layout for _, layout in layouts} == {LAYOUT_STORED}
+    assert not experts_repackable(width + 4)  # tiles would straddle two experts
 
 
 def _stacks(layer: dict) -> list:

@@ -8,8 +8,8 @@ every token routed to it, and decode reads only the k chosen experts. The produc
 phase over (expert, row range) items: the threads split the work across experts and rows at once, each
 item an ordinary matmul of a row range of the expert's slice of the stacked tensor (a contiguous run of
 rows), so every row is computed by the same kernels, bit for bit, as a dense matrix's. Where the VNNI
-kernels are on, the stacks are repacked into 8-row tiles like the dense matrices (repack.experts_repackable:
-an expert's rows are whole tiles), and an item reads its expert's tiles.
+kernels are on and the weights are repacked at load, the stacks are in 8-row tiles like the dense matrices
+(repack.experts_repackable: an expert's rows are whole tiles), and an item reads its expert's tiles.
 """
 
 from libc.math cimport expf

@@ -26,9 +26,13 @@ the arena, kernel alone (benchmarks/bench_pages.py, Zen 4, 2 threads): 1.15x (Q4
 
 Mixture-of-experts stacks ([n_expert, rows, cols] tensors bound as one matrix) go into tiles too where the
 VNNI kernels are on and an expert's rows are a multiple of 8 (experts_repackable; moe.pyx reads an expert's
-tiles). A decode step reads only the chosen experts, so their products are where such a model spends its
-weight bytes. Zen 4, 2 threads, the same synthetic Q4_K_M MoE file with its stacks tiled and stored in one
-process (BENCHMARKS.md, session 30): decode 1.15-1.19x, prefill 1.01-1.08x.
+tiles), when the repacking is done at load (servers, benchmarks, LLAMACY_REPACK=load): a decode step reads
+only the chosen experts, so their products are where such a model spends its weight bytes. Zen 4, 2
+threads, a synthetic Q4_K_M MoE file with Qwen3-30B-A3B's layer shapes, its stacks tiled and stored in one
+process (BENCHMARKS.md, session 30): decode 1.20x, prefill 1.05x. Deferred, they stay stored: each
+evaluation packs at least one matrix, and a stack takes longer to pack than a MoE decode step takes, so the
+first tokens slowed more than the tiles gave back (on that 1.16 GiB file, load, a 16-token prompt and 64
+tokens took 0.87-2.61 s instead of 0.68-0.84 s).
 
 Q8_0 goes into tiles too (one stream instead of 8 rows of 34-byte blocks). On the Intel Xeon of issue #29
 (2 threads): qwen2.5-1.5b Q8_0 decode 10.3 -> 15.5 t/s (its 1536-wide rows are 48 blocks), llama-3.2-1b Q8_0
@@ -94,11 +98,12 @@ def usable_layout(wtype: int, rows: int, cols: int) -> int:
 
 
 def experts_repackable(rows_per_expert: int) -> bool:
-    """Whether a stack of experts of this many rows each is repacked here: where every tiled layout has its
-    kernel (the VNNI kernels are on), so that an expert's product over the stored rows, taken before a
-    deferred repack is done, gives the tiles' bits (matmul_rows runs the same tile code over gathered
-    rows), and where 8-row tiles never straddle two experts. On AVX2 alone the stored experts run the
-    per-lane kernels (matmul.pyx's IMPL_ROWS), whose float order the tiles do not keep: they stay stored."""
+    """Whether a stack of experts of this many rows each is repacked when the binding repacks at load (see
+    above): where every tiled layout has its kernel (the VNNI kernels are on), so that the tiles give the
+    bits the stored stack gives (matmul_rows runs the same tile code over gathered rows; LLAMACY_REPACK=0
+    and a deferred binding keep the stacks stored), and where 8-row tiles never straddle two experts. On
+    AVX2 alone the stored experts run the per-lane kernels (matmul.pyx's IMPL_ROWS), whose float order the
+    tiles do not keep: they stay stored."""
     from llamacy.kernels.matmul import tiles_available
 
     return rows_per_expert % 8 == 0 and bool(tiles_available())

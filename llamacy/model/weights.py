@@ -68,6 +68,7 @@ class WeightBinder:
         self.threads = threads
         self._file: tuple | None = None  # the file's identity, for sharing repacked matrices (bind)
         self._to_repack: list[tuple[dict, str, str]] = []  # (fields, field, tensor name), for bind's end
+        self._defer = False  # bind's: the repacking left to evaluations
 
     def _tensor(self, name: str, optional: bool = False) -> Any:
         t = self.tensors.get(name)
@@ -143,6 +144,7 @@ class WeightBinder:
             self.repack = repack_enabled()
         if self.repack:
             self._file = _file_identity(self.source)
+        self._defer = defer
         c = self.cfg
         arch = ARCHITECTURES[c.arch]
         used: set[str] = set()
@@ -177,7 +179,10 @@ class WeightBinder:
             out[spec.field] = self._bind(spec)
             used.add(spec.name)
             repackable = spec.field not in ROW_READ_FIELDS and (
-                spec.kind == MATRIX or (spec.kind == EXPERTS and _experts_repackable(spec.shape[1]))
+                spec.kind == MATRIX
+                # Expert stacks only at load: deferred, each evaluation packs at least one matrix, and a
+                # stack (a layer's experts, ~100 MB in a 30B MoE) takes longer than a MoE decode step.
+                or (spec.kind == EXPERTS and not self._defer and _experts_repackable(spec.shape[1]))
             )
             if self.repack and repackable and out[spec.field] is not None:
                 self._to_repack.append((out, spec.field, spec.name))

@@ -119,7 +119,12 @@ def write_model(path: Path, args: argparse.Namespace, moe: bool) -> None:
 def measure(path: Path, threads: int, n_prompt: int, n_gen: int) -> tuple[float, float]:
     """(prefill tokens/s, decode tokens/s) of one fresh context."""
     m = Model(GGUFFile(path), n_ctx=n_prompt + n_gen + 1, n_threads=threads)
-    ids = np.random.default_rng(1).integers(0, VOCAB, n_prompt + n_gen).tolist()
+    return timed(m, np.random.default_rng(1).integers(0, VOCAB, n_prompt + n_gen).tolist(), n_prompt)
+
+
+def timed(m: Model, ids: list[int], n_prompt: int) -> tuple[float, float]:
+    """(prefill tokens/s, decode tokens/s): the first n_prompt ids as one prompt, then the rest one by one."""
+    n_gen = len(ids) - n_prompt
     t0 = time.perf_counter()
     m.eval(ids[:n_prompt])
     t1 = time.perf_counter()
@@ -149,13 +154,7 @@ def stacks(path: Path, threads: int, n_prompt: int, n_gen: int, rounds: int) -> 
 
     def run(m: Model) -> tuple[float, float]:
         m.kv.truncate(0, 0)
-        ids = rng.integers(0, VOCAB, n_prompt + n_gen).tolist()
-        t0 = time.perf_counter()
-        m.eval(ids[:n_prompt])
-        t1 = time.perf_counter()
-        for t in ids[n_prompt:]:
-            m.eval([t])
-        return n_prompt / (t1 - t0), n_gen / (time.perf_counter() - t1)
+        return timed(m, rng.integers(0, VOCAB, n_prompt + n_gen).tolist(), n_prompt)
 
     for m in models.values():
         run(m)  # warm

@@ -68,7 +68,6 @@ class WeightBinder:
         self.threads = threads
         self._file: tuple | None = None  # the file's identity, for sharing repacked matrices (bind)
         self._to_repack: list[tuple[dict, str, str]] = []  # (fields, field, tensor name), for bind's end
-        self._defer = False  # bind's: the repacking left to evaluations
 
     def _tensor(self, name: str, optional: bool = False) -> Any:
         t = self.tensors.get(name)
@@ -144,19 +143,18 @@ class WeightBinder:
             self.repack = repack_enabled()
         if self.repack:
             self._file = _file_identity(self.source)
-        self._defer = defer
         c = self.cfg
         arch = ARCHITECTURES[c.arch]
         used: set[str] = set()
         model_specs = arch.model_tensors(c)
-        fields = self._bind_all(model_specs, used)
+        fields = self._bind_all(model_specs, used, defer)
         if fields.get("output") is None:
             fields["output"] = fields["token_embd"]  # tied embeddings
             if self.repack and isinstance(fields["output"], Matrix):
                 # the head's products read tiles; the embedding's rows stay in the file's layout (row reads)
                 name = next(spec.name for spec in model_specs if spec.field == "token_embd")
                 self._to_repack.append((fields, "output", name))
-        layers = [self._bind_all(arch.layer_tensors(c, il), used) for il in range(c.n_layer)]
+        layers = [self._bind_all(arch.layer_tensors(c, il), used, defer) for il in range(c.n_layer)]
         deferred = None
         if self._to_repack and defer:
             deferred = self._deferred(fields)
@@ -171,22 +169,32 @@ class WeightBinder:
             )
         return ModelWeights(fields, layers, c.layers, deferred)
 
-    def _bind_all(self, specs: list[TensorSpec], used: set[str]) -> dict[str, Matrix | Vector | None]:
+    def _bind_all(
+        self, specs: list[TensorSpec], used: set[str], defer: bool
+    ) -> dict[str, Matrix | Vector | None]:
         out: dict[str, Matrix | Vector | None] = {}
         for spec in specs:
             if spec.field in out:
                 raise ValueError(f"{self.cfg.arch}: field {spec.field} declared twice")
             out[spec.field] = self._bind(spec)
             used.add(spec.name)
-            repackable = spec.field not in ROW_READ_FIELDS and (
-                spec.kind == MATRIX
-                # Expert stacks only at load: deferred, each evaluation packs at least one matrix, and a
-                # stack (a layer's experts, ~100 MB in a 30B MoE) takes longer than a MoE decode step.
-                or (spec.kind == EXPERTS and not self._defer and _experts_repackable(spec.shape[1]))
-            )
-            if self.repack and repackable and out[spec.field] is not None:
+            if self.repack and out[spec.field] is not None and self._repackable(spec, defer):
                 self._to_repack.append((out, spec.field, spec.name))
         return out
+
+    def _repackable(self, spec: TensorSpec, defer: bool) -> bool:
+        """Whether a bound tensor goes into tiles: a product's matrix; an expert stack only at load (deferred,
+        each evaluation packs at least one matrix, and a stack, a layer's experts, ~100 MB in a 30B MoE,
+        takes longer than a MoE decode step), where repack.experts_repackable allows."""
+        if spec.field in ROW_READ_FIELDS:
+            return False
+        if spec.kind == MATRIX:
+            return True
+        if spec.kind == EXPERTS and not defer:
+            from llamacy.model.repack import experts_repackable
+
+            return experts_repackable(spec.shape[1])
+        return False
 
     def _requests(self) -> list[tuple]:
         """repack_matrices' request for each matrix in self._to_repack, in its order."""
@@ -240,12 +248,6 @@ class WeightBinder:
         if len(spec.shape) == 2:
             return self.vector(spec.name, spec.shape[0] * spec.shape[1], spec.optional, spec.shape)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
-
-
-def _experts_repackable(rows_per_expert: int) -> bool:
-    from llamacy.model.repack import experts_repackable
-
-    return experts_repackable(rows_per_expert)
 
 
 def _file_identity(path: str) -> tuple | None:

@@ -28,7 +28,7 @@ DEFAULT_CTX = 4096
 ATT_BLOCK_TOKENS = 8
 
 
-def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+def _in_background(fn: Callable[[], Any], name: str = "llamacy-load") -> Callable[[], Any]:
     """Start fn on a thread; the returned function waits for it and returns its result or raises its
     error."""
     box: dict[str, Any] = {}
@@ -39,7 +39,7 @@ def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
         except BaseException as e:  # handed to the caller, whatever it is
             box["error"] = e
 
-    thread = threading.Thread(target=run, name="llamacy-load", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
 
     def result() -> Any:
@@ -160,6 +160,34 @@ class Llama:
         self.weights = weights if weights is not None else packed
         self._session: Session | None = None
         self.load_s = time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[threading.Event]:
+        """A block in which the model is not evaluated (a chat waiting for its next message): a thread packs
+        what the deferred repacking has left (model/repack.py's DeferredRepack), a MoE model's expert
+        stacks included, until all is done (the event it yields is then set) or the block ends, at the end
+        of the matrix in hand. Evaluations after the block read what was packed (each Model rebinds); the
+        results are the same bit for bit either way. Nothing happens where nothing is left to pack."""
+        done = threading.Event()
+        pending = self.weights.deferred
+        if pending is None or not pending.pending:
+            done.set()
+            yield done
+            return
+        stop = threading.Event()
+
+        def pack() -> None:
+            try:
+                pending.advance(float("inf"), wait=True, stop=stop, threads=self.n_threads, idle=True)
+            finally:
+                done.set()
+
+        result = _in_background(pack, "llamacy-idle-repack")
+        try:
+            yield done
+        finally:
+            stop.set()
+            result()
 
     def new_model(self, n_ctx: int, n_threads: int, n_seq: int = 1, ubatch: int | None = None) -> Model:
         """A Model over this file's bound weights, with its own scratch and a KV cache for n_seq sequences

@@ -354,3 +354,28 @@ def test_terminal_ctrl_c_stops_a_reply_and_keeps_the_session(default_model_path,
     c.expect(__import__("pexpect").EOF)
     c.close()
     assert c.exitstatus == 0
+
+
+def test_a_terminal_reads_each_message_while_the_model_packs(monkeypatch):
+    """On a terminal the chat reads each message inside Llama.idle, so the model packs what its deferred
+    repacking left (a MoE model's expert stacks) while the user types; from a pipe it reads at once."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from llamacy.cli.chat import ChatUI
+
+    events: list[str] = []
+
+    class Llm:
+        @contextlib.contextmanager
+        def idle(self):
+            events.append("idle")
+            yield
+            events.append("busy")
+
+    for interactive, want in ((True, ["idle", "read", "busy"]), (False, ["read"])):
+        events.clear()
+        ui = ChatUI(SimpleNamespace(llm=Llm()), interactive=interactive, markdown=False)
+        monkeypatch.setattr(ui, "read_message", lambda: events.append("read") or "hello")
+        assert ui._read_while_idle() == "hello"
+        assert events == want

@@ -419,8 +419,8 @@ def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, wid
     """Where the VNNI kernels are on and the weights are repacked at load, the expert stacks are repacked into
     8-row tiles like the dense matrices (repack.experts_repackable), and the logits are bit for bit those of
     the stored experts: whole prompt, micro-batches and one token at a time, 1 and 2 threads. A deferred
-    repacking leaves the stacks stored (it packs the dense matrices only), with the same bits; on AVX2 alone
-    they stay stored."""
+    repacking leaves the stacks to idle time (evaluations pack the dense matrices only), and packs them when
+    asked, with the same bits before and after; on AVX2 alone they stay stored."""
     from llamacy.kernels.matmul import tiles_available
     from llamacy.kernels.repack import LAYOUT_STORED, tile_layout
 
@@ -442,8 +442,13 @@ def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, wid
         llm = Llama(str(path), n_threads=threads, n_batch=n_batch, kv_type="f32", repack=repack)
         np.testing.assert_array_equal(llm.logits(ids), want, err_msg=f"threads={threads} n_batch={n_batch}")
         if repack == "deferred":
-            if llm.weights.deferred is not None:
-                llm.weights.deferred.finish()
+            pending = llm.weights.deferred
+            assert _stack_layouts(llm) == {LAYOUT_STORED}
+            if tiles_available():
+                assert pending.done and pending.pending  # the evaluations left the stacks to idle time
+                pending.finish()
+                np.testing.assert_array_equal(llm.logits(ids), want, err_msg="stacks packed in idle time")
+        if repack == "deferred" and not tiles_available():
             assert _stack_layouts(llm) == {LAYOUT_STORED}
         elif tiles_available():
             assert {(m.type, m.layout) for layer in llm.weights.layers for m in _stacks(layer)} == {
@@ -452,6 +457,43 @@ def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, wid
         else:
             assert _stack_layouts(llm) == {LAYOUT_STORED}
     assert not experts_repackable(width + 4)  # tiles would straddle two experts
+
+
+def test_idle_time_packs_the_expert_stacks(tmp_path) -> None:
+    """Llama.idle (a chat waiting for its next message) packs what a deferred repacking left, the expert
+    stacks included, on a thread; the session's next evaluation reads the tiles and gives the same logits.
+    Leaving the block stops the packing at the end of the matrix in hand."""
+    from llamacy.kernels.matmul import tiles_available
+    from llamacy.kernels.repack import LAYOUT_STORED
+
+    from llamacy.engine import Llama
+
+    if not tiles_available():
+        pytest.skip("the expert stacks stay stored without the VNNI kernels")
+    model = write_hf_moe_model(tmp_path / "m", "qwen3moe", n_embd=64, n_ff_exp=64, clear_routing=True)
+    path = tmp_path / "q4_0.gguf"
+    convert(model.path, path, "q4_0", threads=2)
+    llm = Llama(str(path), n_threads=2, kv_type="f32", repack="deferred")
+    first = llm.logits(IDS[:12])
+    for _ in range(64):  # evaluations pack the dense matrices, never a stack
+        if llm.weights.deferred.done:
+            break
+        llm.logits(IDS[:3])
+    assert llm.weights.deferred.done and _stack_layouts(llm) == {LAYOUT_STORED}
+    with llm.idle() as done:
+        assert done.wait(60)
+    assert not llm.weights.deferred.pending
+    assert LAYOUT_STORED not in _stack_layouts(llm)
+    np.testing.assert_array_equal(llm.logits(IDS[:12]), first)
+    with llm.idle() as done:  # nothing left: the block returns at once
+        assert done.is_set()
+
+    # Stopped early: a block left at once packs at most the matrix in hand, and the rest waits.
+    again = Llama(str(path), n_threads=2, kv_type="f32", repack="deferred")
+    with again.idle():
+        pass
+    again.weights.deferred.finish()
+    np.testing.assert_array_equal(again.logits(IDS[:12]), first)
 
 
 def _stack_layouts(llm) -> set[int]:

@@ -256,7 +256,7 @@ class ChatUI:
         interrupted_at_prompt = False
         while True:
             try:
-                text = self.read_message()
+                text = self._read_while_idle()
             except KeyboardInterrupt:
                 if not self.interactive:
                     raise
@@ -279,6 +279,14 @@ class ChatUI:
                     return 0
                 continue
             self.reply(text[1:] if text.startswith("//") else text)
+
+    def _read_while_idle(self) -> str | None:
+        """read_message; on a terminal, the model packs what its deferred repacking left (a MoE model's
+        expert stacks among it) while the user types (Llama.idle): the replies after it read tiles."""
+        if not self.interactive:
+            return self.read_message()
+        with self.session.llm.idle():
+            return self.read_message()
 
     def reply(self, text: str) -> None:
         from llamacy.errors import LlamacyError

@@ -26,13 +26,14 @@ the arena, kernel alone (benchmarks/bench_pages.py, Zen 4, 2 threads): 1.15x (Q4
 
 Mixture-of-experts stacks ([n_expert, rows, cols] tensors bound as one matrix) go into tiles too where the
 VNNI kernels are on and an expert's rows are a multiple of 8 (experts_repackable; moe.pyx reads an expert's
-tiles), when the repacking is done at load (servers, benchmarks, LLAMACY_REPACK=load): a decode step reads
+tiles), when the repacking is done at load (servers, benchmarks, LLAMACY_REPACK=load) or in idle time: a decode step reads
 only the chosen experts, so their products are where such a model spends its weight bytes. Zen 4, 2
 threads, a synthetic Q4_K_M MoE file with Qwen3-30B-A3B's layer shapes, its stacks tiled and stored in one
-process (BENCHMARKS.md, session 30): decode 1.20x, prefill 1.05x. Deferred, they stay stored: each
+process (BENCHMARKS.md, session 30): decode 1.20x, prefill 1.05x. Evaluations do not pack them: each
 evaluation packs at least one matrix, and a stack takes longer to pack than a MoE decode step takes, so the
 first tokens slowed more than the tiles gave back (on that 1.16 GiB file, load, a 16-token prompt and 64
-tokens took 0.87-2.61 s instead of 0.68-0.84 s).
+tokens took 0.87-2.61 s instead of 0.68-0.84 s). They wait for idle time instead: a chat packs them while it
+waits for the next message (DeferredRepack's idle entries), so its replies after the first read tiles.
 
 Q8_0 goes into tiles too (one stream instead of 8 rows of 34-byte blocks). On the Intel Xeon of issue #29
 (2 threads): qwen2.5-1.5b Q8_0 decode 10.3 -> 15.5 t/s (its 1536-wide rows are 48 blocks), llama-3.2-1b Q8_0
@@ -98,10 +99,10 @@ def usable_layout(wtype: int, rows: int, cols: int) -> int:
 
 
 def experts_repackable(rows_per_expert: int) -> bool:
-    """Whether a stack of experts of this many rows each is repacked when the binding repacks at load (see
+    """Whether a stack of experts of this many rows each is repacked (at load, or deferred to idle time: see
     above): where every tiled layout has its kernel (the VNNI kernels are on), so that the tiles give the
-    bits the stored stack gives (matmul_rows runs the same tile code over gathered rows; LLAMACY_REPACK=0
-    and a deferred binding keep the stacks stored), and where 8-row tiles never straddle two experts. On
+    bits the stored stack gives (matmul_rows runs the same tile code over gathered rows), and a model may
+    switch between evaluations, and where 8-row tiles never straddle two experts. On
     AVX2 alone the stored experts run the per-lane kernels (matmul.pyx's IMPL_ROWS), whose float order the
     tiles do not keep: they stay stored."""
     from llamacy.kernels.matmul import tiles_available
@@ -169,32 +170,52 @@ class DeferredRepack:
 
     Each entry is (fields, field, request): the dict of a ModelWeights that holds the matrix, its key there,
     and repack_matrices' request for it. `generation` counts the matrices swapped in; a Model rebinds its
-    C records when it sees a new one."""
+    C records when it sees a new one.
 
-    def __init__(self, todo: list[tuple[dict, str, tuple]], threads: int) -> None:
+    The last `idle` entries (a MoE model's expert stacks) wait for idle time: advance(idle=True), which a
+    chat runs while it waits for the next message (engine.Llama.idle). Evaluations do not pack them: each
+    evaluation packs at least one matrix, and a stack takes longer to pack than a MoE decode step (module
+    docstring)."""
+
+    def __init__(self, todo: list[tuple[dict, str, tuple]], threads: int, idle: int = 0) -> None:
         # Each entry with its destination in one arena; popped from the end: in the order given.
         dsts = tile_arena([request for _, _, request in todo])
         self._todo = list(reversed(list(zip(todo, dsts, strict=True))))
+        self._idle = idle  # how many of the entries left, the last in order, wait for idle time
         self._threads = threads
         self._lock = threading.Lock()
         self.generation = 0
 
     @property
     def done(self) -> bool:
-        return not self._todo
+        """Nothing left for evaluations to pack (idle time may still have some: pending)."""
+        return len(self._todo) <= self._idle
+
+    @property
+    def pending(self) -> bool:
+        """Anything left to pack, idle time's entries included."""
+        return bool(self._todo)
 
     def advance(
-        self, budget_s: float, wait: bool = False, stop: Any = None, threads: int | None = None
+        self,
+        budget_s: float,
+        wait: bool = False,
+        stop: Any = None,
+        threads: int | None = None,
+        idle: bool = False,
     ) -> bool:
         """Pack matrices until budget_s seconds are spent (at least one) or `stop` (a threading.Event) is
         set; False if nothing is left, or if another thread is packing now and not wait (the caller goes on
-        with what it has bound). threads: for this call (default: the Models' count)."""
-        if not self._todo or not self._lock.acquire(blocking=wait):
+        with what it has bound). threads: for this call (default: the Models' count). idle: the entries
+        that wait for idle time too, after the others."""
+        floor = 0 if idle else self._idle
+        if len(self._todo) <= floor or not self._lock.acquire(blocking=wait):
             return False
         try:
             t0 = time.perf_counter()
-            while self._todo and not (stop is not None and stop.is_set()):
+            while len(self._todo) > floor and not (stop is not None and stop.is_set()):
                 (fields, field, request), dst = self._todo.pop()
+                self._idle = min(self._idle, len(self._todo))
                 got = repack_matrices([request], threads or self._threads, [dst])[0]
                 if got is not None:
                     fields[field] = replace(fields[field], data=got[0], layout=got[1])
@@ -206,6 +227,6 @@ class DeferredRepack:
             self._lock.release()
 
     def finish(self) -> None:
-        """Pack everything still pending now."""
+        """Pack everything still pending now, idle time's entries included."""
         while self._todo:
-            self.advance(float("inf"), wait=True)
+            self.advance(float("inf"), wait=True, idle=True)

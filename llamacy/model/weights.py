@@ -68,6 +68,7 @@ class WeightBinder:
         self.threads = threads
         self._file: tuple | None = None  # the file's identity, for sharing repacked matrices (bind)
         self._to_repack: list[tuple[dict, str, str]] = []  # (fields, field, tensor name), for bind's end
+        self._idle: set[str] = set()  # the tensors among them whose deferred packing waits for idle time
 
     def _tensor(self, name: str, optional: bool = False) -> Any:
         t = self.tensors.get(name)
@@ -178,19 +179,22 @@ class WeightBinder:
                 raise ValueError(f"{self.cfg.arch}: field {spec.field} declared twice")
             out[spec.field] = self._bind(spec)
             used.add(spec.name)
-            if self.repack and out[spec.field] is not None and self._repackable(spec, defer):
+            if self.repack and out[spec.field] is not None and self._repackable(spec):
                 self._to_repack.append((out, spec.field, spec.name))
+                if spec.kind == EXPERTS and defer:
+                    # Deferred, a stack (a layer's experts, ~100 MB in a 30B MoE) waits for idle time: each
+                    # evaluation packs at least one matrix, and a stack takes longer than a MoE decode step.
+                    self._idle.add(spec.name)
         return out
 
-    def _repackable(self, spec: TensorSpec, defer: bool) -> bool:
-        """Whether a bound tensor goes into tiles: a product's matrix; an expert stack only at load (deferred,
-        each evaluation packs at least one matrix, and a stack, a layer's experts, ~100 MB in a 30B MoE,
-        takes longer than a MoE decode step), where repack.experts_repackable allows."""
+    def _repackable(self, spec: TensorSpec) -> bool:
+        """Whether a bound tensor goes into tiles: a product's matrix, and an expert stack where
+        repack.experts_repackable allows."""
         if spec.field in ROW_READ_FIELDS:
             return False
         if spec.kind == MATRIX:
             return True
-        if spec.kind == EXPERTS and not defer:
+        if spec.kind == EXPERTS:
             from llamacy.model.repack import experts_repackable
 
             return experts_repackable(spec.shape[1])
@@ -208,17 +212,19 @@ class WeightBinder:
     def _deferred(self, model_fields: dict) -> Any:
         """The matrices to repack, handed to a DeferredRepack: the layers' in order, then the model's own
         (the output head, the largest, last: a load that packs until its tokenizer is ready stops at the
-        end of the matrix in hand)."""
+        end of the matrix in hand), then the expert stacks, which wait for idle time."""
         from llamacy.model import default_threads
         from llamacy.model.repack import DeferredRepack
 
-        todo = [
-            (out, field, request)
-            for (out, field, _), request in zip(self._to_repack, self._requests(), strict=True)
+        entries = [
+            (name in self._idle, (out, field, request))
+            for (out, field, name), request in zip(self._to_repack, self._requests(), strict=True)
         ]
-        todo.sort(key=lambda entry: entry[0] is model_fields)  # stable: the layers keep their order
+        # Stable: the layers keep their order; the expert stacks, for idle time, come last.
+        entries.sort(key=lambda entry: (entry[0], entry[1][0] is model_fields))
         self._to_repack = []
-        return DeferredRepack(todo, self.threads or default_threads())
+        idle = sum(is_idle for is_idle, _ in entries)
+        return DeferredRepack([entry for _, entry in entries], self.threads or default_threads(), idle=idle)
 
     def _repack_all(self) -> None:
         """Every matrix a product reads into the layout its kernel reads fastest (repack.py), in one pass;

@@ -187,7 +187,17 @@ class Llama:
             yield done
         finally:
             stop.set()
-            result()
+            # The block ends only once the thread has: an evaluation must not run beside the packing (both use
+            # the thread team), so a Ctrl-C that lands here waits for the matrix in hand, then goes on.
+            interrupted = False
+            while True:
+                try:
+                    result()
+                    break
+                except KeyboardInterrupt:
+                    interrupted = True
+            if interrupted:
+                raise KeyboardInterrupt
 
     def new_model(self, n_ctx: int, n_threads: int, n_seq: int = 1, ubatch: int | None = None) -> Model:
         """A Model over this file's bound weights, with its own scratch and a KV cache for n_seq sequences

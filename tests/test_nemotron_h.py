@@ -155,6 +155,11 @@ def test_multi_token_prediction_block_is_loaded_past(files, tmp_path) -> None:
     llm = _llm(twin)
     assert llm.model.cfg.n_layer == len(model.config["hybrid_override_pattern"])
     np.testing.assert_array_equal(llm.model.eval(IDS, logits="all"), _all(ours, IDS))
+    from llamacy.cli.info import _layer_mix, describe
+
+    d = describe(str(twin), None)
+    assert (d["mtp_blocks"], describe(str(ours), None)["mtp_blocks"]) == (1, 0)
+    assert _layer_mix(d).endswith("; 1 multi-token-prediction block in the file, not run")
 
 
 def test_bad_files_are_refused_in_one_line(files, tmp_path) -> None:

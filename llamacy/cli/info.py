@@ -56,6 +56,9 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         # Layers grouped by recipe, with the positions of a sequence each keeps (sliding-window layers
         # only their window: a ring of window + micro-batch - 1 positions, stored twice).
         "layer_mix": cfg.layer_mix(n_ctx),
+        # Multi-token-prediction blocks after the last layer (llama.cpp's converter appends them to Qwen3.5,
+        # Qwen3-Next and Nemotron 3 files): loaded past, not run.
+        "mtp_blocks": cfg.n_nextn,
         "kv_type": kv_type,
         # Every expert is mapped (weights counts them all); a token reads read_per_token of them.
         # A recurrent layer's state (delta-net, Mamba2) per sequence, whatever the context's length.
@@ -166,4 +169,7 @@ def _layer_mix(d: dict[str, Any]) -> str:
         )
         ffn = f" + {g['ffn']} FFN" if g["ffn"] != "none" else ""
         parts.append(f"{g['count']} × {what}{ffn}, {kept}")
+    if d["mtp_blocks"]:
+        n = d["mtp_blocks"]
+        parts.append(f"{n} multi-token-prediction block{'s' if n > 1 else ''} in the file, not run")
     return "; ".join(parts)

@@ -462,7 +462,7 @@ def test_repacked_experts_give_the_stored_bits(tmp_path, monkeypatch, qtype, wid
 def test_idle_time_packs_the_expert_stacks(tmp_path) -> None:
     """Llama.idle (a chat waiting for its next message) packs what a deferred repacking left, the expert
     stacks included, on a thread; the session's next evaluation reads the tiles and gives the same logits.
-    Leaving the block stops the packing at the end of the matrix in hand."""
+    A block left at once leaves the rest for later, with the same results."""
     from llamacy.kernels.matmul import tiles_available
     from llamacy.kernels.repack import LAYOUT_STORED
 
@@ -488,7 +488,7 @@ def test_idle_time_packs_the_expert_stacks(tmp_path) -> None:
     with llm.idle() as done:  # nothing left: the block returns at once
         assert done.is_set()
 
-    # Stopped early: a block left at once packs at most the matrix in hand, and the rest waits.
+    # Left at once: whatever the thread packed before it saw the stop, the rest packs later, same logits.
     again = Llama(str(path), n_threads=2, kv_type="f32", repack="deferred")
     with again.idle():
         pass

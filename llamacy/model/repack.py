@@ -26,8 +26,9 @@ the arena, kernel alone (benchmarks/bench_pages.py, Zen 4, 2 threads): 1.15x (Q4
 
 Mixture-of-experts stacks ([n_expert, rows, cols] tensors bound as one matrix) go into tiles too where the
 VNNI kernels are on and an expert's rows are a multiple of 8 (experts_repackable; moe.pyx reads an expert's
-tiles), when the repacking is done at load (servers, benchmarks, LLAMACY_REPACK=load) or in idle time: a decode step reads
-only the chosen experts, so their products are where such a model spends its weight bytes. Zen 4, 2
+tiles), when the repacking is done at load (servers, benchmarks, LLAMACY_REPACK=load) or in idle time: a
+decode step reads only the chosen experts, so their products are where such a model spends its weight
+bytes. Zen 4, 2
 threads, a synthetic Q4_K_M MoE file with Qwen3-30B-A3B's layer shapes, its stacks tiled and stored in one
 process (BENCHMARKS.md, session 30): decode 1.20x, prefill 1.05x. Evaluations do not pack them: each
 evaluation packs at least one matrix, and a stack takes longer to pack than a MoE decode step takes, so the

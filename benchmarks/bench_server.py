@@ -89,6 +89,7 @@ def stream_httpx(url: str, prompt: str, n_tokens: int, seed: int) -> Run:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            _check_event(url, chunk)
             if ttft is None and chunk["choices"][0]["text"]:
                 ttft = time.perf_counter() - t0
             if "usage" in chunk:
@@ -122,8 +123,17 @@ def stream_lean(url: str, prompt: str, n_tokens: int, seed: int) -> Run:
             last = line
     finally:
         conn.close()
-    tokens = json.loads(last[6:])["usage"]["completion_tokens"] if last else 0
-    return Run(tokens, ttft or 0.0, time.perf_counter() - t0)
+    final = json.loads(last[6:]) if last else {}
+    _check_event(url, final)
+    return Run(final["usage"]["completion_tokens"] if final else 0, ttft or 0.0, time.perf_counter() - t0)
+
+
+def _check_event(url: str, event: dict) -> None:
+    """A server that ends a stream with an error event (llama-server does, with HTTP 200 already sent:
+    e.g. "The model produced output that does not match the expected Content-only format" on a
+    random-weight model's text) stops the benchmark with its message instead of a KeyError."""
+    if "error" in event:
+        raise RuntimeError(f"{url}: the stream ended in an error: {event['error']}")
 
 
 CLIENTS = {"lean": stream_lean, "httpx": stream_httpx}
@@ -342,4 +352,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RuntimeError as e:  # a server's error, in one line (main's finally has stopped the servers)
+        sys.exit(f"bench_server: {e}")

@@ -56,6 +56,11 @@ def test_llama_cpp_file_matches_hugging_face(files, kind: str) -> None:
     ref = hf_logits(c, w, IDS)
     m = _model(path)
     assert m.cfg.n_layer == 6 and m.cfg.n_nextn == 1
+    from llamacy.cli.info import _layer_mix, describe
+
+    assert _layer_mix(describe(str(path), None)).endswith(
+        "; 1 multi-token-prediction block in the file, not run"
+    )
     assert m.cfg.layer_mixer == ["deltanet", "deltanet", "attention"] * 2
     prefill = m.eval(IDS, logits="all")
     assert _rel(prefill, ref) <= F32_BOUND

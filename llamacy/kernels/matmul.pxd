@@ -15,10 +15,10 @@ cdef void matmul_impl(const uint8_t* W, int wtype, Py_ssize_t rows, Py_ssize_t c
                       const void* xq, Py_ssize_t n_tok, float* Y, Py_ssize_t ldy, int nthreads,
                       int impl) noexcept nogil
 
-# matmul for matrices that keep the file's layout for the model's life (a MoE model's stacked experts, unless
-# the VNNI kernels are on and the weights are repacked at load: model/repack.py's experts_repackable; there
-# the tiles give the bits this gives): where the VNNI kernels are off, the traits table's mm_rows, the AVX2
-# per-lane kernels
+# matmul for matrices that may keep the file's layout for the model's life (a MoE model's stacked experts:
+# where the VNNI kernels are on they go into tiles at load or in idle time, model/repack.py's
+# experts_repackable, and the tiles give the bits this gives): where the VNNI kernels are off, the traits
+# table's mm_rows, the AVX2 per-lane kernels
 # of Q4_0 / Q8_0 / Q4_K / Q6_K instead of the row-lane tiles, whose stored-row path gathers 8 rows into tiles per product (a MoE
 # decode on AVX2 took 2.4x the time with it: BENCHMARKS.md). Every product of such a matrix goes through
 # here, so each keeps one float order on every path.

@@ -8,8 +8,9 @@ every token routed to it, and decode reads only the k chosen experts. The produc
 phase over (expert, row range) items: the threads split the work across experts and rows at once, each
 item an ordinary matmul of a row range of the expert's slice of the stacked tensor (a contiguous run of
 rows), so every row is computed by the same kernels, bit for bit, as a dense matrix's. Where the VNNI
-kernels are on and the weights are repacked at load, the stacks are in 8-row tiles like the dense matrices
-(repack.experts_repackable: an expert's rows are whole tiles), and an item reads its expert's tiles.
+kernels are on, the stacks go into 8-row tiles like the dense matrices (repack.experts_repackable: an
+expert's rows are whole tiles; at load, or in idle time after a deferred load), and an item then reads its
+expert's tiles.
 """
 
 from libc.math cimport expf
@@ -20,7 +21,7 @@ from llamacy.kernels.matmul cimport matmul_rows, matmul_tiled
 from llamacy.kernels.ops cimport dot_f32
 from llamacy.kernels.parallel cimport parallel_for
 from llamacy.kernels.quant cimport act_format, act_row_bytes
-from llamacy.kernels.traits cimport layout_row_bytes
+from llamacy.kernels.traits cimport LAYOUT_STORED, layout_row_bytes
 from llamacy.model.layout cimport HParams, LayerT, WeightT
 from llamacy.model.products cimport weight_matmul
 from llamacy.model.rowjobs cimport RowJob, act_rows, quant_rows
@@ -113,7 +114,7 @@ cdef void _expert_task(void* ctx, int64_t begin, int64_t end, int tid) noexcept 
         r_exp = w.rows // M.hp.n_expert
         first = M.start[e]
         r = e * r_exp + it.r0  # the stack's row: a multiple of 8 when tiled (repack.experts_repackable)
-        if w.layout != 0:
+        if w.layout != LAYOUT_STORED:
             matmul_tiled(w.data + r * layout_row_bytes(w.layout, w.cols), w.type, w.layout, it.r1 - it.r0,
                          w.cols, M.aq + first * M.arb, M.start[e + 1] - first,
                          M.y[it.mat] + first * M.ldy[it.mat] + it.r0, M.ldy[it.mat], 1)

@@ -28,10 +28,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports. Every socket stays bound until all are: asked one at a time, the OS may hand
+    the same port out twice (node_manager and dashboard_agent_http both got 50067 once, and Ray refused to
+    start)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def _free_range(n: int) -> int:
@@ -54,7 +59,8 @@ class LocalRayCluster:
         self.start_timeout = start_timeout
         self.marker = secrets.token_hex(8)
         self.tmp = Path(tempfile.mkdtemp(prefix="lr", dir="/tmp"))  # short: Ray puts unix sockets under it
-        self.port = _free_port()
+        # The GCS port, then the node's components' (start), all distinct.
+        self.port, *self._ports = free_ports(8)
         self.address = f"127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
@@ -72,14 +78,15 @@ class LocalRayCluster:
 
     def start(self) -> LocalRayCluster:
         workers = _free_range(100)
+        p = self._ports
         cmd = [
             *RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
             "--port", str(self.port), "--num-cpus", str(self.num_cpus), "--include-dashboard=false",
             "--disable-usage-stats", "--temp-dir", str(self.tmp / "t"),
-            "--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port()),
-            "--ray-client-server-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-            "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
+            "--node-manager-port", str(p[0]), "--object-manager-port", str(p[1]),
+            "--ray-client-server-port", str(p[2]),
+            "--dashboard-agent-listen-port", str(p[3]), "--dashboard-agent-grpc-port", str(p[4]),
+            "--runtime-env-agent-port", str(p[5]), "--metrics-export-port", str(p[6]),
             "--min-worker-port", str(workers), "--max-worker-port", str(workers + 99),
             "--object-store-memory", str(200 << 20),
         ]  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from llamacy.server import ServerSettings, ServerThread, create_app
 from llamacy.server.loading import ModelLoader
 from llamacy.server.models import ModelSpec
 from tests.conftest import default_sigint
-from tests.ray_cluster import LocalRayCluster
+from tests.ray_cluster import LocalRayCluster, free_ports
 
 # A local Ray cluster and Serve deployments: a minute and more, so not in `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -33,12 +32,6 @@ MODEL = "smollm2-135m"
 CTX = 512
 START_TIMEOUT = 180.0  # deploying loads the model in each replica; the machine may be busy
 RECOVERY_TIMEOUT = 60.0  # after kill -9 of a replica, requests must succeed again within this
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _llamacy(*args: str) -> list[str]:
@@ -58,7 +51,7 @@ def cluster(default_model_path):
 @pytest.fixture(scope="module")
 def served(cluster):
     """`llamacy serve --ray` with 2 replicas x 1 thread: (url, process)."""
-    port = _free_port()
+    (port,) = free_ports(1)
     log = open(cluster.tmp / "serve.log", "wb")  # noqa: SIM115
     cmd = _llamacy(
         "serve", "--ray", cluster.address, "--replicas", "2", "-t", "1", "--port", str(port), "-c", str(CTX)

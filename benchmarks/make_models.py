@@ -108,6 +108,9 @@ HYBRIDS: dict[str, dict] = {
         tie_word_embeddings=True,
         max_position_embeddings=32768,
     ),
+    # The same with its multi-token-prediction block (mtp.*: one gated-attention layer and its FFN, as
+    # the released checkpoints carry), for speculate mtp (bench_mtp.py).
+    "qwen3.5-0.8b-mtp": dict(kind="qwen3_5", mtp=True),
     # A Nemotron-H layer mix at 1.3B: Nemotron-H-8B's pattern style (Mamba2 / MLP alternating, an attention
     # layer every ~8) at width 2048: 11 Mamba2 layers (64 heads of 64, d_state 128, 8 groups), 2 attention
     # (16 heads, 4 KV, head 128, no RoPE), 11 ReLU² MLPs of 8192; vocabulary 131072, untied head.
@@ -436,8 +439,12 @@ def write_hybrid(directory: Path, name: str) -> None:
         return
     from tests.hf_qwen3next import hf_config, random_weights, write_hf
 
+    mtp = spec.pop("mtp", False)
+    if mtp:
+        spec = {**HYBRIDS[name.removesuffix("-mtp")], **spec, "mtp_num_hidden_layers": 1}
+        spec.pop("kind")
     c = hf_config(kind, **spec)
-    write_hf(directory, c, random_weights(c))
+    write_hf(directory, c, random_weights(c, mtp=mtp))
 
 
 def build(model: str, types: list[str], threads: int) -> list[Path]:

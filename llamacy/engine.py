@@ -307,7 +307,8 @@ class Llama:
         up to draft_max tokens per step by prompt lookup (n-grams up to `ngram` long) and verifies them in
         one batched step: greedy output is identical, sampled output keeps its distribution.
         speculate="draft" drafts with draft_model instead (a path or name; a smaller model with the same
-        vocabulary, loaded on first use and kept). on_prompt(ids): called once the prompt is evaluated (the
+        vocabulary, loaded on first use and kept); speculate="mtp" with the model's own
+        multi-token-prediction block (Qwen3.5, Qwen3-Next files that carry one). on_prompt(ids): called once the prompt is evaluated (the
         memory then holds exactly it: save_memory saves a prompt cache). context_shift: a prompt longer than
         the context is fitted and a full context drops the older half after the first `keep` tokens
         (llamacy/generation/shift.py) instead of ending the generation."""

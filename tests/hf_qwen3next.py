@@ -2,9 +2,10 @@
 float64 forward pass written from Hugging Face's modeling code (modeling_qwen3_next.py /
 modeling_qwen3_5.py: zero-centred RMSNorm x·(1 + w), gated attention with q and gate interleaved per head,
 partial rotate_half RoPE, the gated delta-net with torch_recurrent_gated_delta_rule, the sparse MoE block
-with its sigmoid-gated shared expert), and the GGUF file llama.cpp's convert_hf_to_gguf.py writes for
-such a checkpoint (conversion/qwen.py: Qwen3NextModel, _LinearAttentionVReorderBase, _QwenMtpMixin),
-its transforms done by hand here.
+with its sigmoid-gated shared expert), the multi-token-prediction block's forward pass (vLLM's
+Qwen3NextMultiTokenPredictor / Qwen3_5MultiTokenPredictor: hf_mtp_logits), and the GGUF file llama.cpp's
+convert_hf_to_gguf.py writes for such a checkpoint (conversion/qwen.py: Qwen3NextModel,
+_LinearAttentionVReorderBase, _QwenMtpMixin), its transforms done by hand here.
 """
 
 from __future__ import annotations
@@ -276,20 +277,61 @@ def _ffn(c: dict[str, Any], w: dict[str, np.ndarray], p: str, x: np.ndarray) -> 
     return out + shared
 
 
-def hf_logits(c: dict[str, Any], w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """Logits [len(ids), vocab] of the checkpoint for one sequence, float64."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
+def _decoder_layer(
+    c: dict[str, Any], w: dict[str, np.ndarray], p: str, x: np.ndarray, attention: bool
+) -> np.ndarray:
+    """One decoder layer (prefix p): norm -> mixer -> residual, post-attention norm -> FFN -> residual."""
     eps = c["rms_norm_eps"]
+    h = _rms(x, w[p + "input_layernorm.weight"], eps)
+    mixer = _attention(c, w, p + "self_attn.", h) if attention else _deltanet(c, w, p + "linear_attn.", h)
+    x = x + mixer
+    return x + _ffn(c, w, p, _rms(x, w[p + "post_attention_layernorm.weight"], eps))
+
+
+def _f64(w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.astype(np.float64) for k, v in w.items()}
+
+
+def hf_hidden(c: dict[str, Any], w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """The main model's final hidden states [len(ids), hidden] for one sequence, after model.norm (the
+    rows lm_head reads and the MTP block starts from), float64."""
+    w = _f64(w)
     x = w["model.embed_tokens.weight"][np.asarray(ids)]
     for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        h = _rms(x, w[p + "input_layernorm.weight"], eps)
-        if is_attention(c, i):
-            x = x + _attention(c, w, p + "self_attn.", h)
-        else:
-            x = x + _deltanet(c, w, p + "linear_attn.", h)
-        x = x + _ffn(c, w, p, _rms(x, w[p + "post_attention_layernorm.weight"], eps))
-    return _rms(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+        x = _decoder_layer(c, w, f"model.layers.{i}.", x, is_attention(c, i))
+    return _rms(x, w["model.norm.weight"], c["rms_norm_eps"])
+
+
+def hf_logits(c: dict[str, Any], w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """Logits [len(ids), vocab] of the checkpoint for one sequence, float64."""
+    return hf_hidden(c, w, ids) @ w["lm_head.weight"].astype(np.float64).T
+
+
+def hf_mtp_hidden(
+    c: dict[str, Any], w: dict[str, np.ndarray], ids: list[int], hidden: np.ndarray | None = None
+) -> np.ndarray:
+    """The MTP block's output rows [len(ids) - 1, hidden] after mtp.norm, float64, as vLLM's
+    Qwen3NextMultiTokenPredictor / Qwen3_5MultiTokenPredictor compute them: entry j reads token ids[j + 1]
+    and the main model's hidden row j (hf_hidden's, or `hidden`'s: a drafter chains on its own rows),
+        x_j = mtp.fc [RMSNorm(embed(ids[j + 1])); RMSNorm(h_j)]      (embedding half first)
+    then the full-attention decoder layer mtp.layers.0 over entries 0..j (rotary position j) with the
+    model's FFN, then RMSNorm(x; mtp.norm). Row j predicts ids[j + 2]."""
+    h = hf_hidden(c, w, ids) if hidden is None else np.asarray(hidden, dtype=np.float64)
+    w = _f64(w)
+    eps, n = c["rms_norm_eps"], len(ids) - 1
+    e = _rms(w["model.embed_tokens.weight"][np.asarray(ids[1:])], w["mtp.pre_fc_norm_embedding.weight"], eps)
+    g = _rms(h[:n], w["mtp.pre_fc_norm_hidden.weight"], eps)
+    x = np.concatenate([e, g], axis=-1) @ w["mtp.fc.weight"].T
+    x = _decoder_layer(c, w, "mtp.layers.0.", x, attention=True)
+    return _rms(x, w["mtp.norm.weight"], eps)
+
+
+def hf_mtp_logits(
+    c: dict[str, Any], w: dict[str, np.ndarray], ids: list[int], hidden: np.ndarray | None = None
+) -> np.ndarray:
+    """The MTP block's logits [len(ids) - 1, vocab] (hf_mtp_hidden's rows through lm_head): row j predicts
+    ids[j + 2]."""
+    return hf_mtp_hidden(c, w, ids, hidden) @ w["lm_head.weight"].astype(np.float64).T
 
 
 # -- the files --------------------------------------------------------------------------------------------
@@ -351,11 +393,15 @@ def llama_cpp_tensors(c: dict[str, Any], w: dict[str, np.ndarray]) -> dict[str, 
         "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
         "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
         "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
-        "fc.weight": "nextn.eh_proj.weight",
-        "pre_fc_norm_embedding.weight": "nextn.enorm.weight",
-        "pre_fc_norm_hidden.weight": "nextn.hnorm.weight",
-        "norm.weight": "nextn.shared_head_norm.weight",
+        "eh_proj.weight": "nextn.eh_proj.weight",
+        "enorm.weight": "nextn.enorm.weight",
+        "hnorm.weight": "nextn.hnorm.weight",
+        "shared_head.norm.weight": "nextn.shared_head_norm.weight",
     }
+    # _QwenMtpMixin.filter_tensors renames the MTP block's own tensors before anything else sees them
+    # (mtp.fc.weight -> model.layers.{n_layer}.eh_proj.weight), so all three norms get the "+ 1" below.
+    mtp_own = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+               "norm": "shared_head.norm"}  # fmt: skip
     experts: dict[str, dict[int, np.ndarray]] = {}
     for name, t in w.items():
         if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
@@ -363,10 +409,12 @@ def llama_cpp_tensors(c: dict[str, Any], w: dict[str, np.ndarray]) -> dict[str, 
                      "lm_head.weight": "output.weight"}[name]  # fmt: skip
             out[gname] = t + 1.0 if name == "model.norm.weight" else t
             continue
-        if name.startswith("mtp.layers.0."):
-            bid, rest = n_layer, name.removeprefix("mtp.layers.0.")
+        if name.startswith("mtp.layers."):
+            _, _, b, rest = name.split(".", 3)
+            bid = n_layer + int(b)
         elif name.startswith("mtp."):
-            bid, rest = n_layer, name.removeprefix("mtp.")
+            stem, _, suffix = name.removeprefix("mtp.").partition(".")
+            bid, rest = n_layer, f"{mtp_own[stem]}.{suffix}"
         else:
             _, _, b, rest = name.split(".", 3)
             bid = int(b)

@@ -21,7 +21,15 @@ from llamacy.errors import UnsupportedModelError
 from llamacy.gguf import GGUFFile
 from llamacy.model import Model
 from tests.batching import interleaved
-from tests.hf_qwen3next import hf_config, hf_logits, random_weights, write_llama_cpp_gguf
+from tests.hf_qwen3next import (
+    hf_config,
+    hf_hidden,
+    hf_logits,
+    hf_mtp_hidden,
+    hf_mtp_logits,
+    random_weights,
+    write_llama_cpp_gguf,
+)
 
 KINDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 F32_BOUND = 1e-4  # relative to the largest logit: float32 arithmetic against float64
@@ -59,7 +67,7 @@ def test_llama_cpp_file_matches_hugging_face(files, kind: str) -> None:
     from llamacy.cli.info import _layer_mix, describe
 
     assert _layer_mix(describe(str(path), None)).endswith(
-        "; 1 multi-token-prediction block in the file, not run"
+        "; 1 multi-token-prediction block in the file, drafts with --speculate mtp"
     )
     assert m.cfg.layer_mixer == ["deltanet", "deltanet", "attention"] * 2
     prefill = m.eval(IDS, logits="all")
@@ -131,6 +139,33 @@ def test_bad_files_are_refused_in_one_line(files, tmp_path) -> None:
         assert what in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_mtp_oracle_checks_itself(files, kind: str) -> None:
+    """hf_mtp_logits, the MTP block's float64 forward pass, on what a slip in it would change: its rows are
+    hf_mtp_hidden's through the head and start from hf_hidden's rows (whose head gives hf_logits); fc's
+    two halves are not interchangeable; row j reads ids[: j + 2] and hidden rows 0..j only."""
+    c, w, _ = files[kind]
+    ids, E, n = IDS[:12], c["hidden_size"], len(IDS[:12]) - 1
+    head = w["lm_head.weight"].astype(np.float64).T
+    hidden = hf_hidden(c, w, ids)
+    assert np.array_equal(hidden @ head, hf_logits(c, w, ids))
+    ref = hf_mtp_logits(c, w, ids)
+    assert ref.shape == (n, c["vocab_size"])
+    assert np.array_equal(ref, hf_mtp_hidden(c, w, ids) @ head)
+    assert np.array_equal(ref, hf_mtp_logits(c, w, ids, hidden=hidden))
+    assert len({int(np.argmax(r)) for r in ref}) > 3  # not degenerate
+    fc = w["mtp.fc.weight"]
+    swapped = {**w, "mtp.fc.weight": np.concatenate([fc[:, E:], fc[:, :E]], axis=1)}
+    assert _rel(hf_mtp_logits(c, swapped, ids), ref) > 0.05
+    # Causal: another last token, or another last hidden row read, moves the last row only.
+    for other in (
+        hf_mtp_logits(c, w, [*ids[:-1], (ids[-1] + 1) % 300]),
+        hf_mtp_logits(c, w, ids, hidden=np.concatenate([hidden[: n - 1], -hidden[n - 1 :]])),
+    ):
+        np.testing.assert_allclose(other[:-1], ref[:-1], rtol=0, atol=1e-12 * np.abs(ref).max())
+        assert _rel(other[-1], ref[-1]) > 0.05
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Conversion from Hugging Face checkpoints (`llamacy convert`)
 
@@ -141,10 +176,21 @@ def _gguf_tensors(path: Path) -> dict[str, tuple[int, np.ndarray]]:
     return {t.name: (int(t.tensor_type), np.array(t.data)) for t in gguf.GGUFReader(str(path)).tensors}
 
 
+def _arch(kind: str) -> str:
+    return {"qwen3_next": "qwen3next", "qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}[kind]
+
+
+def _blocks(path: Path, kind: str) -> tuple[int, int | None]:
+    """(block_count, nextn_predict_layers) of a file."""
+    md = GGUFFile(path).metadata
+    return md[f"{_arch(kind)}.block_count"], md.get(f"{_arch(kind)}.nextn_predict_layers")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_hf_conversion_f32(files, tmp_path, kind: str) -> None:
-    """`llamacy convert --type f32` writes the tensors llama.cpp's converter writes (the MTP block left
-    out), and the result matches the Hugging Face forward pass."""
+    """`llamacy convert --type f32` writes the tensors llama.cpp's converter writes, the MTP block included
+    (mtp.layers.0 as blk.6, its fc and norms as blk.6.nextn.*), and the result matches the Hugging Face
+    forward pass."""
     from llamacy.convert import convert
     from tests.hf_qwen3next import llama_cpp_tensors, write_hf
 
@@ -152,13 +198,47 @@ def test_hf_conversion_f32(files, tmp_path, kind: str) -> None:
     out = tmp_path / "f32.gguf"
     convert(write_hf(tmp_path / "hf", c, w), out, "f32", threads=1)
     ours = _gguf_tensors(out)
-    theirs = {k: v for k, v in llama_cpp_tensors(c, w).items() if not k.startswith("blk.6.")}
+    theirs = llama_cpp_tensors(c, w)
     assert set(ours) == set(theirs)
+    assert {"blk.6.attn_q.weight", "blk.6.nextn.eh_proj.weight", "blk.6.nextn.enorm.weight"} <= set(ours)
     for name, (_, data) in ours.items():
         assert np.array_equal(data.reshape(theirs[name].shape), theirs[name]), name
+    assert _blocks(out, kind) == (7, 1)
     m = _model(out)
-    assert m.cfg.n_nextn == 0
+    assert m.cfg.n_layer == 6 and m.cfg.n_nextn == 1
     assert _rel(m.eval(IDS, logits="all"), hf_logits(c, w, IDS)) <= F32_BOUND
+
+
+@pytest.mark.parametrize(("kind", "over"), [("qwen3_next", {}), ("qwen3_5", {"mtp_num_hidden_layers": 1})])
+def test_hf_conversion_without_mtp(tmp_path, kind: str, over: dict) -> None:
+    """A checkpoint without mtp.* tensors converts to a file without an MTP block, also where config.json
+    says mtp_num_hidden_layers (transformers drops the block when it saves a model)."""
+    from llamacy.convert import convert
+    from tests.hf_qwen3next import llama_cpp_tensors, write_hf
+
+    c = hf_config(kind, **over)
+    w = random_weights(c, seed=5)
+    out = tmp_path / "f32.gguf"
+    convert(write_hf(tmp_path / "hf", c, w), out, "f32", threads=1)
+    assert set(_gguf_tensors(out)) == set(llama_cpp_tensors(c, w))
+    assert not any(n.startswith("blk.6.") for n in _gguf_tensors(out))
+    assert _blocks(out, kind) == (6, None)
+    m = _model(out)
+    assert m.cfg.n_layer == 6 and m.cfg.n_nextn == 0
+    assert _rel(m.eval(IDS, logits="all"), hf_logits(c, w, IDS)) <= F32_BOUND
+
+
+def test_hf_conversion_refuses_an_incomplete_mtp_block(files, tmp_path) -> None:
+    """config.json's mtp_num_hidden_layers counts MTP layers that must all be there; the message names the
+    missing tensor."""
+    from llamacy.convert import convert
+    from llamacy.errors import UsageError
+    from tests.hf_qwen3next import write_hf
+
+    c, w, _ = files["qwen3_5"]
+    with pytest.raises(UsageError, match=r"lacks .*multi-token-prediction block 1"):
+        convert(write_hf(tmp_path / "hf", {**c, "mtp_num_hidden_layers": 2}, w), tmp_path / "o.gguf", "f32")
+    assert not (tmp_path / "o.gguf").exists()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -177,8 +257,12 @@ def test_hf_conversion_q8_0(files, tmp_path, kind: str) -> None:
     theirs = llama_cpp_tensors(c, w)
     kept = ("norm.weight", "ssm_a", "ssm_dt.bias", "ssm_conv1d.weight", "ffn_gate_inp.weight",
             "ffn_gate_inp_shexp.weight")  # fmt: skip
+    ours = _gguf_tensors(out)
+    assert set(ours) == set(theirs)  # the MTP block's tensors among them
+    assert ours["blk.6.nextn.eh_proj.weight"][0] == QT.Q8_0
+    assert all(ours[f"blk.6.nextn.{n}.weight"][0] == QT.F32 for n in ("enorm", "hnorm", "shared_head_norm"))
     n_q8 = 0
-    for name, (ty, data) in _gguf_tensors(out).items():
+    for name, (ty, data) in ours.items():
         ref = theirs[name]
         if name.endswith(kept):
             assert ty == QT.F32, name
@@ -198,14 +282,17 @@ def test_hf_conversion_q8_0(files, tmp_path, kind: str) -> None:
 
 def test_hf_conversion_of_the_image_text_checkpoint(files, tmp_path) -> None:
     """The released Qwen3.5 checkpoints are Qwen3_5ForConditionalGeneration: text settings under
-    text_config, text tensors under model.language_model.*, a vision tower beside them. The conversion is
-    the text model's, tensor for tensor, the tower left out."""
+    text_config, text tensors under model.language_model.*, the MTP block at the top (mtp.*, as vLLM's
+    Qwen3_5MTP loads it), a vision tower beside them. The conversion is the text model's with its MTP
+    block, tensor for tensor, the tower left out; so is that of a checkpoint keeping the block under
+    model.mtp.*."""
     from llamacy.convert import convert
     from tests.hf_qwen3next import write_hf
 
     c, w, _ = files["qwen3_5"]
-    text = {k: v for k, v in w.items() if not k.startswith("mtp.")}
-    convert(write_hf(tmp_path / "text", c, text), tmp_path / "text.gguf", "f32", threads=1)
+    convert(write_hf(tmp_path / "text", c, w), tmp_path / "text.gguf", "f32", threads=1)
+    under_model = {("model." + k if k.startswith("mtp.") else k): v for k, v in w.items()}
+    convert(write_hf(tmp_path / "under", c, under_model), tmp_path / "under.gguf", "f32", threads=1)
     outer = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
              "text_config": {k: v for k, v in c.items() if k != "architectures"},
              "vision_config": {"depth": 1}, "tie_word_embeddings": c["tie_word_embeddings"]}  # fmt: skip
@@ -215,10 +302,42 @@ def test_hf_conversion_of_the_image_text_checkpoint(files, tmp_path) -> None:
     }
     mm["model.visual.blocks.0.attn.qkv.weight"] = np.ones((6, 4), np.float32)
     convert(write_hf(tmp_path / "mm", outer, mm), tmp_path / "mm.gguf", "f32", threads=1)
-    a, b = _gguf_tensors(tmp_path / "text.gguf"), _gguf_tensors(tmp_path / "mm.gguf")
-    assert set(a) == set(b)
-    assert all(np.array_equal(a[n][1], b[n][1]) for n in a)
+    a = _gguf_tensors(tmp_path / "text.gguf")
+    assert "blk.6.nextn.eh_proj.weight" in a
+    for other in ("mm", "under"):
+        b = _gguf_tensors(tmp_path / f"{other}.gguf")
+        assert set(a) == set(b)
+        assert all(np.array_equal(a[n][1], b[n][1]) for n in a), other
+        assert _blocks(tmp_path / f"{other}.gguf", "qwen3_5") == (7, 1)
     assert np.array_equal(
         _model(tmp_path / "mm.gguf").eval(IDS, logits="all"),
         _model(tmp_path / "text.gguf").eval(IDS, logits="all"),
     )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hf_conversion_q4_k_m_counts_layers_as_llama_quantize(tmp_path, kind: str) -> None:
+    """q4_k_m's more-bits layers (use_more_bits) counted as llama-quantize counts them in the file llama.cpp's
+    converter writes: attn_v together with the delta-nets' attn_qkv (llama-quant.cpp's category_is_attn_v),
+    ffn_down over block_count, the MTP block among both. 7 layers + the MTP block: layers {0, 3, 6, 7}
+    (counting 7 layers, or attn_v alone, would give others)."""
+    from gguf import GGMLQuantizationType as QT
+
+    from llamacy.convert.hf import HFSource
+    from llamacy.convert.mixtures import TensorSpec, choose_types, target
+    from tests.hf_qwen3next import write_hf
+
+    c = hf_config(kind, num_hidden_layers=7)
+    with HFSource(write_hf(tmp_path / "hf", c, random_weights(c, seed=1, mtp=True))) as src:
+        specs = [TensorSpec(t.name, t.shape, src.keep_type(t)) for t in src.tensors]
+        types = choose_types(specs, target("q4_k_m"), src.facts)
+    sensitive = ("attn_v.weight", "attn_qkv.weight", "ffn_down.weight", "ffn_down_exps.weight",
+                 "ffn_down_shexp.weight")  # fmt: skip
+    by_layer: dict[int, set[int]] = {}
+    for spec, ty in zip(specs, types, strict=True):
+        if spec.name.endswith(sensitive):
+            by_layer.setdefault(int(spec.name.split(".")[1]), set()).add(ty)
+    assert sorted(by_layer) == list(range(8))
+    # Rows of 32-96 values are not whole Q4_K / Q6_K blocks: Q4_K falls back to Q5_0, Q6_K to Q8_0.
+    assert {i for i, t in by_layer.items() if t == {QT.Q8_0}} == {0, 3, 6, 7}
+    assert all(t == {QT.Q5_0} for i, t in by_layer.items() if i not in (0, 3, 6, 7))

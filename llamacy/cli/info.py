@@ -18,7 +18,7 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
     from llamacy.engine import DEFAULT_CTX
     from llamacy.ggml_types import type_name
     from llamacy.gguf import GGUFFile
-    from llamacy.model.archs import config_from_metadata
+    from llamacy.model.archs import ARCHITECTURES, config_from_metadata
 
     path = resolve_model(model)
     f = GGUFFile(path)
@@ -59,6 +59,8 @@ def describe(model: str | None, ctx_size: int | None, kv_type: str = "f16") -> d
         # Multi-token-prediction blocks after the last layer (llama.cpp's converter appends them to Qwen3.5,
         # Qwen3-Next and Nemotron 3 files): loaded past, not run.
         "mtp_blocks": cfg.n_nextn,
+        # Whether llamacy drafts with the first of them (speculate mtp, model/mtp.py).
+        "mtp_drafts": bool(cfg.n_nextn) and hasattr(ARCHITECTURES[cfg.arch], "mtp_tensors"),
         "kv_type": kv_type,
         # Every expert is mapped (weights counts them all); a token reads read_per_token of them.
         # A recurrent layer's state (delta-net, Mamba2) per sequence, whatever the context's length.
@@ -171,5 +173,6 @@ def _layer_mix(d: dict[str, Any]) -> str:
         parts.append(f"{g['count']} × {what}{ffn}, {kept}")
     if d["mtp_blocks"]:
         n = d["mtp_blocks"]
-        parts.append(f"{n} multi-token-prediction block{'s' if n > 1 else ''} in the file, not run")
+        use = "drafts with --speculate mtp" if d.get("mtp_drafts") else "not run"
+        parts.append(f"{n} multi-token-prediction block{'s' if n > 1 else ''} in the file, {use}")
     return "; ".join(parts)

@@ -23,13 +23,16 @@ KV_TYPE = typer.Option(
 SPECULATE = typer.Option(
     None,
     "--speculate",
-    help="Speculative decoding: 'ngram' drafts tokens by prompt lookup, 'draft' with --draft-model; "
-    "drafts are verified in one batched step (same output; faster on edits, rewrites and quotes).",
+    help="Speculative decoding: 'ngram' drafts tokens by prompt lookup, 'draft' with --draft-model, "
+    "'mtp' with the model's own multi-token-prediction block (Qwen3.5, Qwen3-Next); drafts are verified "
+    "in one batched step (same output).",
 )
 DRAFT_MODEL = typer.Option(
     None, "--draft-model", help="With --speculate draft: a smaller model with the same vocabulary."
 )
-DRAFT_MAX = typer.Option(None, "--draft-max", help="With --speculate: the most tokens drafted per step (16).")
+DRAFT_MAX = typer.Option(
+    None, "--draft-max", help="With --speculate: the most tokens drafted per step (16; mtp: 3)."
+)
 NGRAM = typer.Option(None, "--ngram", help="With --speculate ngram: the n-gram length looked up (3).")
 
 

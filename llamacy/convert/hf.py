@@ -80,9 +80,13 @@ class HFSource(Source):
             raise UsageError(f"{c.path}: num_experts_per_tok must be 1..{self.n_expert}")
         # The per-layer names: the spec's, plus those its config switches on (biases, …).
         self.layer_map = {**self.spec.layer_map, **self.spec.optional_layers(c)}
-        self.facts = ModelFacts(self.spec.arch, c.n_layer, c.n_head, c.n_head_kv, self.n_expert)
         self.checkpoint = Checkpoint(directory)
         try:
+            # Multi-token-prediction blocks are written as layers after the last one (as llama.cpp's files);
+            # llama-quantize's per-layer rules count every block of the file, so the type rules see them too.
+            self.n_nextn = self.spec.nextn_blocks(c, [self.spec.rename(n) for n in self.checkpoint])
+            self.n_block = c.n_layer + self.n_nextn
+            self.facts = ModelFacts(self.spec.arch, self.n_block, c.n_head, c.n_head_kv, self.n_expert)
             self.tied = bool(c.get("tie_word_embeddings", self.spec.tied_default))
             self.tensors = self._tensors()
         except BaseException:
@@ -91,24 +95,31 @@ class HFSource(Source):
 
     # -- tensors ---------------------------------------------------------------------------------------
 
+    def _renamed(self, hf_name: str) -> str:
+        """The name a checkpoint tensor converts as: the spec's renames (a multimodal checkpoint's text model,
+        the multi-token-prediction blocks as layers after the last one)."""
+        return self.spec.nextn_rename(self.config, self.spec.rename(hf_name))
+
     def _gguf_name(self, hf_name: str) -> str | None:
         """The GGUF name of a checkpoint tensor; None for tensors that are not written."""
-        hf_name = self.spec.rename(hf_name)
-        if _IGNORED.search(hf_name) or (hf_name == "lm_head.weight" and self.tied):
+        name = self._renamed(hf_name)
+        if _IGNORED.search(name) or (name == "lm_head.weight" and self.tied):
             return None
-        if hf_name in self.spec.global_map:
-            return self.spec.global_map[hf_name]
-        m = _LAYER_RE.match(hf_name)
+        if name in self.spec.global_map:
+            return self.spec.global_map[name]
+        m = _LAYER_RE.match(name)
         if m and m.group(2) in self.layer_map:
             layer = int(m.group(1))
-            if layer >= self.config.n_layer:
-                raise UsageError(
-                    f"{self.path}: tensor {hf_name} is past num_hidden_layers={self.config.n_layer}"
-                )
+            if layer >= self.n_block:
+                raise UsageError(f"{self.path}: tensor {hf_name} is past {self._layers_said()}")
             return f"blk.{layer}.{self.layer_map[m.group(2)]}"
         raise UnsupportedModelError(
-            f"{self.path}: tensor {hf_name!r} has no place in a GGUF {self.spec.arch} model"
+            f"{self.path}: tensor {name!r} has no place in a GGUF {self.spec.arch} model"
         )
+
+    def _layers_said(self) -> str:
+        n = f"num_hidden_layers={self.config.n_layer}"
+        return f"{n} and {self.n_nextn} multi-token-prediction blocks" if self.n_nextn else n
 
     def _hf_name(self, gguf_name: str) -> str:
         """The checkpoint name a GGUF tensor comes from (for messages)."""
@@ -117,9 +128,13 @@ class HFSource(Source):
                 return hf
         layer, _, suffix = gguf_name.removeprefix("blk.").partition(".")
         if self.spec.experts and suffix.endswith("_exps.weight"):
-            return self.spec.experts.hf_name(int(layer), suffix.removesuffix(".weight"))
-        hf_suffix = next((k for k, v in self.layer_map.items() if v == suffix), suffix)
-        return f"model.layers.{layer}.{hf_suffix}"
+            name = self.spec.experts.hf_name(int(layer), suffix.removesuffix(".weight"))
+        else:
+            hf_suffix = next((k for k, v in self.layer_map.items() if v == suffix), suffix)
+            name = f"model.layers.{layer}.{hf_suffix}"
+        # An MTP block's tensor is said as converted (the checkpoint names it mtp.*): which block it is.
+        mtp = int(layer) - self.config.n_layer if layer.isdigit() else -1
+        return f"{name} (multi-token-prediction block {mtp})" if mtp >= 0 else name
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         c = self.config
@@ -153,7 +168,7 @@ class HFSource(Source):
         # In the order the file gets them: embeddings, layers, head (as llama.cpp's files).
         shapes = {"token_embd.weight": (c.n_vocab, c.n_embd), **self.spec.global_shapes(c)}
         self.optional: set[str] = set()
-        for i in range(c.n_layer):
+        for i in range(self.n_block):
             layer = {**per_layer, **self.spec.layer_shapes(c, i)}
             self.optional |= {f"blk.{i}.{s}" for s in self.spec.layer_optional(c, i)}
             for suffix in suffixes:
@@ -217,13 +232,13 @@ class HFSource(Source):
 
     def _expert_of(self, hf_name: str) -> tuple[str, int] | None:
         """(stacked GGUF name, expert index) of one expert's matrix; None for other tensors."""
-        m = _LAYER_RE.match(self.spec.rename(hf_name))
+        m = _LAYER_RE.match(self._renamed(hf_name))
         ex = self.spec.experts
         e = ex.pattern.match(m.group(2)) if m and ex else None
         if m is None or ex is None or e is None:
             return None
         layer, expert = int(m.group(1)), int(e.group(1))
-        if layer >= self.config.n_layer or expert >= self.n_expert:
+        if layer >= self.n_block or expert >= self.n_expert:
             raise UsageError(f"{self.path}: tensor {hf_name} is past the model's layers or experts")
         return f"blk.{layer}.{ex.projections[e.group(2)]}.weight", expert
 
@@ -348,7 +363,7 @@ class HFSource(Source):
             w.add_vocab_size(c.n_vocab)
         w.add_context_length(c.positive("max_position_embeddings", self.spec.context_default))
         w.add_embedding_length(c.n_embd)
-        w.add_block_count(c.n_layer)
+        w.add_block_count(self.n_block)
         ov = self.spec.overrides(c)
         w.add_feed_forward_length(ov.get("feed_forward_length", c.n_ff))
         w.add_head_count(c.n_head)
@@ -370,6 +385,8 @@ class HFSource(Source):
             w.add_rope_scaling_type(RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(float(scaling["factor"]))
         self.spec.metadata(w, c)
+        if self.n_nextn:
+            w.add_nextn_predict_layers(self.n_nextn)
         w.add_file_type(file_type)
         w.add_quantization_version(GGML_QUANT_VERSION)
         add_tokenizer(w, self.path, arch, c.n_vocab)

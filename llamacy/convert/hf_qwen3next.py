@@ -9,12 +9,19 @@ conversion/qwen.py writes them (Qwen3NextModel, _LinearAttentionVReorderBase):
   in_proj_ba is written as is (ssm_ba, [b, a] per key head);
 - Qwen3.5's value heads are reordered from grouped by key head to tiled order (v, z, b, a, dt_bias,
   A_log, the v channels of conv1d, out_proj's columns), so that key head h % n_k serves value head h.
-The multi-token-prediction block (mtp.*) is not converted: llamacy does not run it.
+The multi-token-prediction (MTP) block is converted as llama.cpp's converter does by default
+(_QwenMtpMixin): its decoder layers mtp.layers.i.* (or model.mtp.layers.i.*) become layers
+num_hidden_layers + i, full-attention layers with the model's feed-forward, converted as any other; its own
+tensors (fc, pre_fc_norm_embedding, pre_fc_norm_hidden, norm) become blk.{num_hidden_layers}.nextn.eh_proj,
+enorm, hnorm, shared_head_norm, the norms stored as 1 + w as well. block_count counts the MTP layers and
+nextn_predict_layers says how many there are: mtp_num_hidden_layers, or where config.json does not say
+(Qwen3-Next) 1 + the last mtp.layers.N of the checkpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +37,9 @@ from llamacy.convert.hf_spec import (
     check_moe,
     check_rope,
 )
-from llamacy.errors import UnsupportedModelError
+from llamacy.errors import UnsupportedModelError, UsageError
+from llamacy.gguf_names import MODEL_TENSOR as T
+from llamacy.gguf_names import TENSOR_NAMES
 
 if TYPE_CHECKING:  # annotations only: importing gguf whole costs start-up (llamacy.gguf_names)
     from gguf import GGUFWriter
@@ -58,6 +67,23 @@ _35 = {
 }
 _MOE = {"mlp.gate.weight": "ffn_gate_inp.weight", **SHARED_EXPERT}
 _DENSE = {k: v for k, v in LAYER_COMMON.items() if k.startswith("mlp.")}
+
+
+def _nextn(tensor: T) -> str:
+    return TENSOR_NAMES[tensor].removeprefix("blk.{bid}.") + ".weight"
+
+
+# The MTP block's own tensors, under the names llama.cpp's converter gives them on the way (mtp.fc.weight ->
+# model.layers.{n_layer}.eh_proj.weight), then as written (blk.{n_layer}.nextn.eh_proj.weight).
+_MTP_OWN = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+            "norm": "shared_head.norm"}  # fmt: skip
+_NEXTN = {
+    "eh_proj.weight": _nextn(T.NEXTN_EH_PROJ),
+    "enorm.weight": _nextn(T.NEXTN_ENORM),
+    "hnorm.weight": _nextn(T.NEXTN_HNORM),
+    "shared_head.norm.weight": _nextn(T.NEXTN_SHARED_HEAD_NORM),
+}
+_MTP_LAYER = re.compile(r"^mtp\.layers\.(\d+)\.")
 _ATTN_SUFFIXES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                   "attn_q_norm.weight", "attn_k_norm.weight")  # fmt: skip
 _SSM_SUFFIXES = ("attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight", "ssm_beta.weight", "ssm_alpha.weight",
@@ -79,6 +105,8 @@ class _Dims:
 
 
 def is_attention(c: HFConfig, il: int) -> bool:
+    if il >= c.n_layer:  # an MTP layer: full attention (vLLM's Qwen3NextMultiTokenPredictor)
+        return True
     types = c.get("layer_types")
     if types is not None:
         return types[il] == "full_attention"
@@ -121,6 +149,8 @@ def _shapes(c: HFConfig, fused: bool) -> dict[str, tuple[int, ...]]:
         "ssm_out.weight": (E, d.nv * d.dv),
         "attn_qkv.weight": (d.channels + d.nv * d.dv, E),  # Qwen3-Next's in_proj_qkvz
         "ssm_ba.weight": (2 * d.nv, E),
+        _NEXTN["eh_proj.weight"]: (E, 2 * E),  # [embedding, hidden] -> hidden
+        **{_NEXTN[k]: (E,) for k in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight")},
     }
     if c.get("num_experts") is not None:
         fs = c.positive("shared_expert_intermediate_size")
@@ -138,6 +168,8 @@ def _shapes(c: HFConfig, fused: bool) -> dict[str, tuple[int, ...]]:
 
 def _layer_shapes(c: HFConfig, il: int) -> dict[str, tuple[int, ...] | None]:
     absent = _SSM_SUFFIXES if is_attention(c, il) else _ATTN_SUFFIXES
+    if il != c.n_layer:  # the MTP block's own tensors sit in its first layer only
+        absent = (*absent, *_NEXTN.values())
     return dict.fromkeys(absent)
 
 
@@ -217,8 +249,6 @@ def _metadata_35(w: GGUFWriter, c: HFConfig) -> None:
 
 
 def _skip(name: str) -> str | None:
-    if name.startswith(("mtp.", "model.mtp.")):
-        return "the multi-token-prediction block (not run by llamacy)"
     if name.startswith(("model.visual.", "visual.")):
         return "the vision tower (not part of the text model)"
     return None
@@ -235,8 +265,38 @@ def _config_view(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, **text} if isinstance(text, dict) else dict(raw)
 
 
+def _rename_mtp(name: str) -> str:
+    """Some checkpoints keep the MTP block under model.mtp.*: llama.cpp's converter reads it as mtp.*."""
+    return name.removeprefix("model.") if name.startswith("model.mtp.") else name
+
+
 def _rename(name: str) -> str:
-    return "model." + name[len(_TEXT) :] if name.startswith(_TEXT) else name
+    return _rename_mtp("model." + name[len(_TEXT) :] if name.startswith(_TEXT) else name)
+
+
+def _nextn_blocks(c: HFConfig, names: Collection[str]) -> int:
+    """How many MTP layers the checkpoint holds: config.json's mtp_num_hidden_layers (Qwen3.5), or where
+    it does not say (Qwen3-Next) 1 + the last mtp.layers.N, as llama.cpp's converter counts them. 0 where
+    the checkpoint has no mtp.* tensor at all, whatever config.json says (transformers drops the block
+    when it saves a model): llama.cpp's converter would then count a block the file does not hold."""
+    if not any(n.startswith("mtp.") for n in names):
+        return 0
+    said = c.get("mtp_num_hidden_layers", 0)
+    if isinstance(said, bool) or not isinstance(said, int) or said < 0:
+        raise UsageError(f"{c.path}: mtp_num_hidden_layers must be a non-negative integer, got {said!r}")
+    return said or 1 + max((int(m.group(1)) for n in names if (m := _MTP_LAYER.match(n))), default=-1)
+
+
+def _nextn_rename(c: HFConfig, name: str) -> str:
+    """llama.cpp's _QwenMtpMixin.filter_tensors: mtp.layers.i.* is decoder layer num_hidden_layers + i;
+    the block's own tensors go to its first layer (mtp.fc.weight -> model.layers.{n_layer}.eh_proj.weight)."""
+    m = _MTP_LAYER.match(name)
+    if m:
+        return f"model.layers.{c.n_layer + int(m.group(1))}.{name[m.end() :]}"
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "mtp" and parts[1] in _MTP_OWN:
+        return f"model.layers.{c.n_layer}.{_MTP_OWN[parts[1]]}.{parts[2]}"
+    return name
 
 
 def _spec(arch: str, layers: dict[str, str], moe: bool, tiled: bool, multimodal: bool = False) -> ArchSpec:
@@ -244,7 +304,7 @@ def _spec(arch: str, layers: dict[str, str], moe: bool, tiled: bool, multimodal:
     extra: dict[str, Any] = dict(experts=QWEN_EXPERTS) if moe else {}
     return ArchSpec(
         arch,
-        {**_COMMON, **_DELTANET, **layers, **(_MOE if moe else _DENSE)},
+        {**_COMMON, **_DELTANET, **layers, **(_MOE if moe else _DENSE), **_NEXTN},
         False,
         10000.0,
         check=_check,
@@ -255,7 +315,10 @@ def _spec(arch: str, layers: dict[str, str], moe: bool, tiled: bool, multimodal:
         key_length=True,
         skip=_skip,
         rewrite=_rewrite(tiled),
-        **(dict(config_view=_config_view, rename=_rename) if multimodal else {}),
+        rename=_rename if multimodal else _rename_mtp,
+        nextn_blocks=_nextn_blocks,
+        nextn_rename=_nextn_rename,
+        **(dict(config_view=_config_view) if multimodal else {}),
         **extra,
     )
 

@@ -9,7 +9,7 @@ compute something else: that is what the `check` of a spec is for.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,6 +143,14 @@ def _no_rewrite(c: HFConfig, name: str, shape: tuple[int, ...]) -> None:
     return None
 
 
+def _no_nextn(c: HFConfig, names: Collection[str]) -> int:
+    return 0
+
+
+def _same_name_in(c: HFConfig, name: str) -> str:
+    return name
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     """How one Hugging Face class converts: the GGUF architecture, the per-layer tensor names, the
@@ -191,6 +199,13 @@ class ArchSpec:
     rewrite: Callable[[HFConfig, str, tuple[int, ...]], list[tuple[str, tuple[int, ...], Any]] | None] = (
         _no_rewrite
     )
+    # Multi-token-prediction blocks (Qwen's mtp.*), which llama.cpp's converter writes as layers after the
+    # last one, counted in block_count, with {arch}.nextn_predict_layers saying how many: the number of them
+    # a checkpoint holds (from config.json and its tensor names, after `rename`; 0: none), and the name a
+    # tensor is converted as, given its name after `rename` (the blocks' as "model.layers.{n_layer + i}.*",
+    # their own tensors keyed in layer_map like any other per-layer one; other names unchanged).
+    nextn_blocks: Callable[[HFConfig, Collection[str]], int] = _no_nextn
+    nextn_rename: Callable[[HFConfig, str], str] = _same_name_in
     # The spec to use for a given config.json, where one Hugging Face class converts to two GGUF
     # architectures (Nemotron-H and its MoE form); None: this one.
     variant: Callable[[dict[str, Any]], ArchSpec] | None = None

@@ -9,7 +9,11 @@ then move some tensors to more bits:
 - output.weight, and token_embd.weight when the head is tied to it: Q6_K (kept at Q8_0 for q8_0; Q8_0 when
   its rows are not a whole number of the default type's blocks);
 - attn_v.weight / ffn_down.weight on the "use_more_bits" layers (the first and last eighth of the layers
-  and every third one between): Q6_K for q4_k_m and q5_k_m; other per-type tweaks for q2_k, q3_k_*, q4_k_s;
+  and every third one between): Q6_K for q4_k_m and q5_k_m; other per-type tweaks for q2_k, q3_k_*, q4_k_s.
+  The layers are counted as llama-quantize counts them: attn_v's among the attn_v-like tensors (attn_v,
+  and, since llama.cpp's category refactor (#19770), the fused attn_qkv and MLA's attn_kv_b, which also
+  take attn_v's rules: the delta-net layers' attn_qkv of qwen3next / qwen35), ffn_down's among the file's
+  block_count layers (n_layer_all: multi-token-prediction blocks included, ModelFacts.n_layer);
 - then, whatever was chosen, a row length that is not a multiple of the type's block size falls back:
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, and to F16 if even that does not fit.
 
@@ -87,7 +91,7 @@ class ModelFacts:
     """What the rules look at besides the tensor: the architecture and attention shape."""
 
     arch: str
-    n_layer: int
+    n_layer: int  # every block of the file (block_count, llama.cpp's n_layer_all): MTP blocks included
     n_head: int
     n_head_kv: int
     n_expert: int = 0
@@ -122,6 +126,10 @@ def _category(name: str) -> str:
         return "output"
     if name == "token_embd.weight":
         return "token_embd"
+    # llama-quant.cpp's category_is_attn_v: a fused QKV (and MLA's kv_b) is attn_v-like, counted and typed as
+    # attn_v (its own ATTENTION_QKV rule comes after that test in llama_tensor_get_type_impl: never reached).
+    if "attn_qkv.weight" in name or "attn_kv_b.weight" in name:
+        return "attn_v"
     for cat in ("attn_v.weight", "attn_k.weight", "attn_q.weight", "attn_output.weight"):
         if cat in name:
             return cat.split(".")[0]

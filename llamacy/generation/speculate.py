@@ -4,6 +4,9 @@
 - NgramDrafter (prompt lookup): the last n tokens of the history (prompt + generated) are looked up among
   earlier positions of that history; the tokens that followed the latest earlier occurrence are the draft.
   Edits of given text, code rewrites and quotations repeat long runs of the prompt, which this finds.
+- MtpDrafter: the model's own multi-token-prediction block (Qwen3.5, Qwen3-Next; model/mtp.py) drafts
+  from the model's last hidden state: no second model, and drafts that agree with the model far more often
+  than a smaller model's would, for the cost of one layer and the output head per drafted token.
 - verify_token: the token a sequence emits at a drafted position, given the target model's logits there.
   Greedy: the argmax, exactly as without drafts (a draft is accepted iff it equals it). Sampling: the
   speculative rejection rule (Leviathan et al. 2023, Chen et al. 2023), which leaves the target
@@ -23,8 +26,13 @@ import numpy as np
 from llamacy.errors import UsageError
 from llamacy.sampling import Sampler, SamplingParams
 
-MODES = ("ngram", "draft")
+MODES = ("ngram", "draft", "mtp")
 DEFAULT_DRAFT_MAX = 16
+# A multi-token-prediction block is trained to predict one token ahead; chained further, its guesses fall
+# off, and each costs the output head.
+DEFAULT_MTP_DRAFT_MAX = 3
+# A chained guess below this probability (under the block's own distribution) ends the draft.
+MTP_P_MIN = 0.5
 DEFAULT_NGRAM = 3
 MAX_DRAFT = 64
 
@@ -32,7 +40,7 @@ MAX_DRAFT = 64
 @dataclass(frozen=True)
 class Speculation:
     """mode "ngram": prompt lookup; "draft": a smaller model with the same vocabulary (draft_model, a path
-    or a known name) proposes. draft_max: the most tokens drafted per step. ngram: the length of the n-gram
+    or a known name) proposes; "mtp": the model's own multi-token-prediction block. draft_max: the most tokens drafted per step. ngram: the length of the n-gram
     looked up (shorter ones match more often, by chance too)."""
 
     mode: str = "ngram"
@@ -61,9 +69,10 @@ def speculation(
         if draft_model is not None:
             raise UsageError("--draft-model goes with --speculate draft")
         return None
+    default_max = DEFAULT_MTP_DRAFT_MAX if mode == "mtp" else DEFAULT_DRAFT_MAX
     return Speculation(
         mode,
-        DEFAULT_DRAFT_MAX if draft_max is None else draft_max,
+        default_max if draft_max is None else draft_max,
         DEFAULT_NGRAM if ngram is None else ngram,
         None if draft_model is None else str(draft_model),
     ).validate()
@@ -130,19 +139,76 @@ class ModelDrafter(_Adaptive):
         logits = self.model.eval(list(history[keep:]), logits="last")
         seen, draft = list(history), []
         for _ in range(limit):
-            if self.sampler.params.greedy:
-                tok, q = self.sampler.sample(logits, seen), None
-            else:
-                ids, probs = self.sampler.distribution(logits, seen)
-                cdf = np.cumsum(probs)
-                i = int(np.searchsorted(cdf, self.sampler.rng.random() * cdf[-1], side="right"))
-                tok, q = int(ids[min(i, len(ids) - 1)]), (ids, probs)
+            tok, q = _draw(self.sampler, logits, seen)
             draft.append(tok)
             self.probs.append(q)
             seen.append(tok)
             if len(draft) < limit:
                 logits = self.model.eval([tok], logits="last")
         return draft
+
+
+class MtpDrafter(_Adaptive):
+    """Drafts from the model's own multi-token-prediction block (an MtpHead, model/mtp.py), in the
+    block's sequence `slot` (the model's own). The generator feeds it every position the model evaluated
+    and kept (`observe`, after each step); a draft starts from the last of them and chains on the block's
+    own output, with the request's sampling settings and its own random stream. A chained guess whose
+    probability falls below MTP_P_MIN ends the draft."""
+
+    def __init__(self, head: Any, slot: int, spec: Speculation, params: SamplingParams, seed: int) -> None:
+        super().__init__(spec.draft_max)
+        self.head = head
+        self.slot = slot
+        self.sampler = Sampler(replace(params, seed=seed), head.n_vocab)
+        self._ready: tuple[int, np.ndarray] | None = None  # (the token the block last read, its output)
+
+    def observe(self, tokens: Sequence[int], nxt: int, p0: int, rows: np.ndarray) -> None:
+        """After a step: the model kept positions p0 .. p0 + len(rows) - 1 (rows: their final hidden
+        states); tokens: what its memory holds, nxt: the token it evaluates next."""
+        h = self.head.observe(self.slot, tokens, nxt, p0, rows)
+        self._ready = None if h is None else (nxt, h)
+
+    def propose(self, history: Sequence[int], limit: int) -> list[int]:
+        limit = min(limit, self.length)
+        self.probs = []
+        # The block must have read the token about to be evaluated (history's last): else nothing to say.
+        if limit <= 0 or self._ready is None or self._ready[0] != history[-1]:
+            return []
+        h = self._ready[1]
+        logits = self.head.head(h)
+        seen, draft = list(history), []
+        try:
+            for _ in range(limit):
+                tok, q = _draw(self.sampler, logits, seen)
+                if draft and _probability(logits, tok, q) < MTP_P_MIN:
+                    break
+                draft.append(tok)
+                self.probs.append(q)
+                seen.append(tok)
+                if len(draft) < limit:
+                    logits, h = self.head.chain(self.slot, tok, h)
+        finally:
+            self.head.drop_chain(self.slot)
+        return draft
+
+
+def _draw(sampler: Sampler, logits: np.ndarray, seen: list[int]) -> tuple[int, tuple | None]:
+    """A drafted token and its draft distribution (ids, probs); None for a greedy (point-mass) draft."""
+    if sampler.params.greedy:
+        return sampler.sample(logits, seen), None
+    ids, probs = sampler.distribution(logits, seen)
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, sampler.rng.random() * cdf[-1], side="right"))
+    return int(ids[min(i, len(ids) - 1)]), (ids, probs)
+
+
+def _probability(logits: np.ndarray, tok: int, q: tuple | None) -> float:
+    """The drafter's own probability of tok: from its draft distribution, else the softmax of its logits."""
+    if q is not None:
+        hit = np.flatnonzero(q[0] == tok)
+        return float(q[1][hit[0]]) if len(hit) else 0.0
+    x = logits.astype(np.float64)
+    return float(1.0 / np.exp(x - x[tok]).sum())
 
 
 def same_vocabulary(target: Any, draft: Any, name: str) -> None:

@@ -104,14 +104,27 @@ class Model:
         return out if logits == "all" else out[0]
 
     def eval_batch(
-        self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, rows: np.ndarray, hidden: bool = False
-    ) -> np.ndarray:
+        self,
+        tokens: np.ndarray,
+        pos: np.ndarray,
+        seq: np.ndarray,
+        rows: np.ndarray,
+        hidden: bool = False,
+        hidden_rows: np.ndarray | None = None,
+    ) -> Any:
         """Raw batched evaluation (many sequences at once); the caller records what it evaluated with
         kv.append.
 
         Returns logits [len(rows), n_vocab], or with hidden=True the final hidden states [len(rows), n_embd].
+        hidden_rows (ascending batch indices): (logits, their final hidden states [len, n_embd]) instead.
         """
         out = np.empty((len(rows), self.cfg.n_embd if hidden else self.cfg.n_vocab), dtype=np.float32)
+        extra = {}
+        if hidden_rows is not None:
+            hidden_rows = np.asarray(hidden_rows, np.int32)
+            extra = dict(
+                hidden_rows=hidden_rows, hidden_out=np.empty((len(hidden_rows), self.cfg.n_embd), np.float32)
+            )
         deferred = self.weights.deferred
         if deferred is not None:
             self._advance_repack(deferred)
@@ -124,9 +137,10 @@ class Model:
             out,
             self.n_threads,
             hidden,
+            **extra,
         )
         self._last_eval_s = time.perf_counter() - t0
-        return out
+        return (out, extra["hidden_out"]) if extra else out
 
     def _advance_repack(self, deferred: Any) -> None:
         """Before an evaluation: pack for as long as the last one took (the first evaluation after the

@@ -14,6 +14,11 @@ cdef class BoundWeights:
     cdef WeightT pl_tok_embd
     cdef WeightT pl_model_proj
     cdef const float* pl_proj_norm
+    # A multi-token-prediction block's input (rows 0 / NULL: none; mtp.py): eh_proj [n_embd, 2 n_embd] over
+    # [enorm(token embedding); hnorm(the target's hidden state)].
+    cdef WeightT nextn_eh_proj
+    cdef const float* nextn_enorm
+    cdef const float* nextn_hnorm
     cdef list _keep                  # the Python objects whose buffers the pointers above point into
 
     cdef WeightT _matrix(self, object m) except *

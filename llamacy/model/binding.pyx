@@ -60,7 +60,8 @@ _FFNS = {"none": FFN_NONE, "gated": FFN_GATED, "ungated": FFN_UNGATED, "moe": FF
          "dense_moe": FFN_DENSE_MOE, "moe_ungated": FFN_MOE_UNGATED}
 # Model-level fields BoundWeights reads.
 MODEL_FIELDS = ("token_embd", "output", "output_norm", "output_norm_b", "rope_freqs",
-                "per_layer_token_embd", "per_layer_model_proj", "per_layer_proj_norm")
+                "per_layer_token_embd", "per_layer_model_proj", "per_layer_proj_norm",
+                "nextn_eh_proj", "nextn_enorm", "nextn_hnorm")
 
 
 cdef class BoundWeights:
@@ -88,6 +89,12 @@ cdef class BoundWeights:
         self.pl_tok_embd = self._matrix(weights.fields.get("per_layer_token_embd"))
         self.pl_model_proj = self._matrix(weights.fields.get("per_layer_model_proj"))
         self.pl_proj_norm = self._vector(weights.fields.get("per_layer_proj_norm"))
+        self.nextn_eh_proj = self._matrix(weights.fields.get("nextn_eh_proj"))
+        self.nextn_enorm = self._vector(weights.fields.get("nextn_enorm"))
+        self.nextn_hnorm = self._vector(weights.fields.get("nextn_hnorm"))
+        if (self.nextn_eh_proj.rows == 0) != (self.nextn_enorm == NULL) or (
+                (self.nextn_enorm == NULL) != (self.nextn_hnorm == NULL)):
+            raise ValueError("a multi-token-prediction input needs eh_proj, enorm and hnorm together")
         self.n_layer = len(weights.layers)
         self.layers = <LayerT*> calloc(max(self.n_layer, 1), sizeof(LayerT))
         if self.layers == NULL:

@@ -33,7 +33,7 @@ from llamacy.model.moe cimport MoeJob, MoeSpace, moe_ffn
 from llamacy.model.moe_ungated cimport moe_ungated_ffn
 from llamacy.model.norms cimport norm_row
 from llamacy.model.per_layer_embd cimport PleSpace
-from llamacy.model.products cimport (N_PROF, P_ELEM, P_MM_OUT, P_MOE, Products, lap, now, product)
+from llamacy.model.products cimport (N_PROF, P_ELEM, P_MM_OUT, P_MM_QKV, P_MOE, Products, lap, now, product)
 from llamacy.model.rowjobs cimport RowJob, norm_rows, residual_rows
 from llamacy.model.scratch cimport ScratchSpace
 
@@ -96,6 +96,7 @@ cdef class Forward:
     cdef HParams hp
     cdef BoundWeights w
     cdef bint v_norm   # for rebind
+    cdef bint nextn    # a multi-token-prediction block: its input is a token and a hidden state (mtp.py)
     cdef ScratchSpace scratch
     # The batch in flight: where its tokens meet a layer's memory, and the jobs that run on the thread team.
     cdef KVRows kv
@@ -148,7 +149,10 @@ cdef class Forward:
         only_moe = cfg.n_expert and all(f == "moe" for f in cfg.layer_ffn)
         # The activation rows products quantize (s.aq) are as wide as the widest input; a recurrent mixer's
         # output projection reads rows of ssm_d_inner values.
-        self.scratch = ScratchSpace(cfg.n_embd, max(wide["q"], getattr(cfg, "ssm_d_inner", 0)), wide["kv"],
+        # A multi-token-prediction block's input projection (mtp.py) reads rows of 2 n_embd values.
+        self.nextn = weights.fields.get("nextn_eh_proj") is not None
+        self.scratch = ScratchSpace(cfg.n_embd, max(wide["q"], getattr(cfg, "ssm_d_inner", 0),
+                                                    2 * cfg.n_embd if self.nextn else 0), wide["kv"],
                                     wide["group"], 1 if only_moe else wide["n_ff"], wide["n_rot"], ubatch,
                                     n_ctx_max, threads_max, getattr(cfg, "attn_gate", False))
         self.dn = DeltaSpace(cfg, ubatch) if "deltanet" in getattr(cfg, "layer_mixer", ()) else None
@@ -266,19 +270,51 @@ cdef class Forward:
         return {PROFILE_NAMES[i]: self.pr.prof[i] for i in range(N_PROF)}
 
     def eval(self, const int32_t[::1] tokens, const int32_t[::1] pos, const int32_t[::1] seq,
-             const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads, bint hidden=False):
+             const int32_t[::1] logit_rows, float[:, ::1] logits, int nthreads, bint hidden=False,
+             hidden_in=None, hidden_rows=None, hidden_out=None):
         """Evaluate tokens[i] at position pos[i] of sequence seq[i]; write their K/V rows into memory.
 
         logit_rows: indices into the batch whose logits are wanted, ascending; logits: [len, n_vocab].
         hidden: write the final hidden states (after output_norm) instead, [len, n_embd]; the output head
-        is not run.
+        is not run. hidden_rows / hidden_out: besides the logits, the final hidden states of these batch
+        rows (ascending) into hidden_out [len, n_embd] (a multi-token-prediction drafter reads them).
+        hidden_in: a multi-token-prediction block's second input, one hidden state per token [n, n_embd]
+        (required by such a block, refused by any other model).
         """
         cdef Py_ssize_t n = tokens.shape[0]
         cdef Py_ssize_t i, start, stop
+        cdef const float[:, ::1] h_in
+        cdef const int32_t[::1] h_rows
+        cdef float[:, ::1] h_out
+        cdef const float* h_in_p = NULL
+        cdef float* h_out_p = NULL
+        cdef Py_ssize_t E = self.hp.n_embd
         if self.mem == NULL:
             raise ValueError("no memory bound (bind_memory)")
         if pos.shape[0] != n or seq.shape[0] != n:
             raise ValueError("tokens, pos and seq must have the same length")
+        if (hidden_in is not None) != self.nextn:
+            raise ValueError("a multi-token-prediction block takes hidden_in, and only it does")
+        if hidden_in is not None:
+            h_in = hidden_in
+            if h_in.shape[0] != n or h_in.shape[1] != E:
+                raise ValueError("hidden_in must be [len(tokens), n_embd]")
+            if n:
+                h_in_p = &h_in[0, 0]
+        if (hidden_rows is None) != (hidden_out is None):
+            raise ValueError("hidden_rows and hidden_out go together")
+        if hidden_rows is not None:
+            h_rows = hidden_rows
+            h_out = hidden_out
+            if h_out.shape[0] != h_rows.shape[0] or (h_rows.shape[0] and h_out.shape[1] != E):
+                raise ValueError("hidden_out does not match hidden_rows")
+            for i in range(h_rows.shape[0]):
+                if h_rows[i] < 0 or h_rows[i] >= n or (i and h_rows[i] <= h_rows[i - 1]):
+                    raise ValueError("hidden_rows must be ascending indices into the batch")
+            if h_rows.shape[0]:
+                h_out_p = &h_out[0, 0]
+        else:
+            h_rows = np.zeros(0, np.int32)
         cdef Py_ssize_t width = self.hp.n_embd if hidden else self.hp.n_vocab
         if logits.shape[0] != logit_rows.shape[0] or (logit_rows.shape[0] and logits.shape[1] != width):
             raise ValueError("logits buffer does not match logit_rows")
@@ -299,7 +335,7 @@ cdef class Forward:
             return
 
         cdef float* lg = &logits[0, 0] if logit_rows.shape[0] else NULL
-        cdef Py_ssize_t lr = 0, lr_end
+        cdef Py_ssize_t lr = 0, lr_end, hr = 0, hr_end
         start = 0
         while start < n:
             stop = min(n, start + min(self.scratch.ubatch,
@@ -307,6 +343,9 @@ cdef class Forward:
             lr_end = lr
             while lr_end < logit_rows.shape[0] and logit_rows[lr_end] < stop:
                 lr_end += 1
+            hr_end = hr
+            while hr_end < h_rows.shape[0] and h_rows[hr_end] < stop:
+                hr_end += 1
             self.kv.pos = &pos[start]
             self.kv.seq = &seq[start]
             self.sr.pos = &pos[start]
@@ -315,16 +354,39 @@ cdef class Forward:
                 mark_snapshots(&seq[start], stop - start, self.sr.n_snap, self.seq_count, self.n_seq, self.snap)
             with nogil:
                 self._ubatch(&tokens[start], stop - start, &logit_rows[lr] if lr_end > lr else NULL,
-                             lr_end - lr, start, lg + lr * width if lr_end > lr else NULL, hidden, nthreads)
+                             lr_end - lr, start, lg + lr * width if lr_end > lr else NULL, hidden, nthreads,
+                             h_in_p + start * E if h_in_p != NULL else NULL,
+                             &h_rows[hr] if hr_end > hr else NULL, hr_end - hr,
+                             h_out_p + hr * E if hr_end > hr else NULL)
             if self.recurrent:
                 for i in range(start, stop):
                     if self.snap[i - start]:
                         self.snap_pos[seq[i] * self.sr.n_snap + pos[i] % self.sr.n_snap] = pos[i]
             lr = lr_end
+            hr = hr_end
             start = stop
             # A long prompt is many micro-batches: let Ctrl-C through between them.
             if start < n and PyErr_CheckSignals() != 0:
                 raise KeyboardInterrupt
+
+    def head(self, const float[:, ::1] normed, float[:, ::1] logits, int nthreads):
+        """The output head alone over rows already normed (a multi-token-prediction drafter's own output,
+        mtp.py): logits [n, n_vocab]."""
+        cdef Py_ssize_t n = normed.shape[0], j
+        if normed.shape[1] != self.hp.n_embd or logits.shape[0] != n or logits.shape[1] != self.hp.n_vocab:
+            raise ValueError("head: rows of n_embd values in, rows of n_vocab logits out")
+        if n > self.scratch.ubatch:
+            raise ValueError("head: more rows than a micro-batch")
+        if n == 0:
+            return
+        nthreads = max(1, min(nthreads, self.scratch.threads_max))
+        cdef float* out = &logits[0, 0]
+        cdef float cap = self.hp.final_softcap
+        with nogil:
+            product(&self.pr, &self.w.output, &normed[0, 0], self.hp.n_embd, n, out, NULL, nthreads, P_MM_OUT)
+            if cap > 0.0:
+                for j in range(n * self.hp.n_vocab):
+                    out[j] = cap * tanhf(out[j] / cap)
 
     def _check_order(self, const int32_t[::1] pos, const int32_t[::1] seq):
         """A recurrent state holds its sequence's last position only: each sequence's tokens must continue
@@ -348,9 +410,11 @@ cdef class Forward:
         self.sr.conv = self.mem[l].conv
 
     cdef void _ubatch(self, const int32_t* tokens, Py_ssize_t n, const int32_t* out_rows, Py_ssize_t n_out,
-                      Py_ssize_t row0, float* out, bint hidden, int nthreads) noexcept nogil:
+                      Py_ssize_t row0, float* out, bint hidden, int nthreads, const float* h_in,
+                      const int32_t* h_rows, Py_ssize_t n_h, float* h_out) noexcept nogil:
         """One micro-batch of n tokens (self.kv.pos/seq point at theirs) through every layer; then, for the
-        batch rows out_rows (minus row0), logits or hidden states into out."""
+        batch rows out_rows (minus row0), logits or hidden states into out, and for the rows h_rows the
+        hidden states into h_out. h_in: a multi-token-prediction block's hidden-state inputs, n rows."""
         cdef const HParams* hp = &self.hp
         cdef Py_ssize_t E = hp.n_embd, t, l, j
         cdef Scratch* s = &self.scratch.s
@@ -368,6 +432,8 @@ cdef class Forward:
                            s.x + t * E, E)
             if hp.embd_scale != 1.0:
                 scale_inplace(s.x + t * E, hp.embd_scale, E)
+        if h_in != NULL:
+            self._nextn_input(h_in, n, nthreads)
         self.aj.rope_base = 0.0  # RoPE tables are built per micro-batch
         self.aj.rope_freq_scale = 0.0
         self.aj.rope_n_rot = 0
@@ -423,6 +489,9 @@ cdef class Forward:
                 for t in range(n):
                     scale_inplace(s.x + t * E, L.out_scale[0], E)
 
+        for j in range(n_h):
+            norm_row(hp.norm, s.x + (h_rows[j] - row0) * E, self.w.output_norm, self.w.output_norm_b,
+                     h_out + j * E, E, hp.rms_eps)
         # The final norm, only for the rows whose output is wanted: straight into the output for hidden
         # states, into the output head's input for logits.
         normed = out if hidden else s.xn
@@ -435,3 +504,13 @@ cdef class Forward:
                 for j in range(n_out * hp.n_vocab):
                     out[j] = hp.final_softcap * tanhf(out[j] / hp.final_softcap)
         lap(pr, P_ELEM)
+
+    cdef void _nextn_input(self, const float* h_in, Py_ssize_t n, int nthreads) noexcept nogil:
+        """A multi-token-prediction block's input (llama.cpp's qwen35.cpp graph_mtp): s.x holds the tokens'
+        embeddings; x = eh_proj [enorm(x); hnorm(h)], the two halves side by side in s.xn."""
+        cdef Py_ssize_t E = self.hp.n_embd, t
+        cdef Scratch* s = &self.scratch.s
+        for t in range(n):
+            norm_row(NORM_RMS, s.x + t * E, self.w.nextn_enorm, NULL, s.xn + t * 2 * E, E, self.hp.rms_eps)
+            norm_row(NORM_RMS, h_in + t * E, self.w.nextn_hnorm, NULL, s.xn + t * 2 * E + E, E, self.hp.rms_eps)
+        product(&self.pr, &self.w.nextn_eh_proj, s.xn, 2 * E, n, s.x, NULL, nthreads, P_MM_QKV)

@@ -170,6 +170,25 @@ class WeightBinder:
             )
         return ModelWeights(fields, layers, c.layers, deferred)
 
+    def bind_block(
+        self, model_specs: list[TensorSpec], layer_specs: list[TensorSpec]
+    ) -> tuple[dict[str, Matrix | Vector | None], dict[str, Matrix | Vector | None]]:
+        """A block bound apart from the model (a multi-token-prediction block, model/mtp.py): its
+        model-level fields and its layer's, each found and checked, and repacked now where the model's
+        matrices would be (the block is one layer: no deferring)."""
+        from llamacy.model.repack import repack_enabled
+
+        if self.repack is None:
+            self.repack = repack_enabled()
+        if self.repack:
+            self._file = _file_identity(self.source)
+        used: set[str] = set()
+        fields = self._bind_all(model_specs, used, False)
+        layer = self._bind_all(layer_specs, used, False)
+        if self._to_repack:
+            self._repack_all()
+        return fields, layer
+
     def _bind_all(
         self, specs: list[TensorSpec], used: set[str], defer: bool
     ) -> dict[str, Matrix | Vector | None]:

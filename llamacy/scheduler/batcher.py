@@ -12,8 +12,10 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from llamacy.errors import UsageError, require_range
-from llamacy.generation.speculate import ModelDrafter, NgramDrafter
+from llamacy.generation.speculate import ModelDrafter, MtpDrafter, NgramDrafter
 from llamacy.generation.steps import SequenceState, check_prompt
 from llamacy.kernels.parallel import rest as rest_workers
 from llamacy.sampling import Sampler
@@ -63,6 +65,7 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         self._solo_chunk = max(prefill_chunk, solo_chunk)
         self.draft_model = draft_model
+        self._mtp: Any = None  # the model's multi-token-prediction block, once a request drafts with it
         self.rest_between_steps = rest_between_steps
         self.timed = timed
         self.raise_errors = raise_errors
@@ -94,7 +97,22 @@ class Batcher:
         spec = request.speculate
         if spec is not None and spec.mode == "draft" and self.draft_model is None:
             raise UsageError('speculate "draft" needs a draft model, and this one has none (--draft-model)')
+        if spec is not None and spec.mode == "mtp":
+            from llamacy.model.mtp import mtp_support
+
+            why = mtp_support(self.model)
+            if why is not None:
+                raise UsageError(why)
         return Sampler(request.params, self.n_vocab)
+
+    def mtp_head(self) -> Any:
+        """The model's multi-token-prediction block (model/mtp.py), bound at the first request that drafts
+        with it, in the thread that steps the batches (its binding packs matrices)."""
+        if self._mtp is None:
+            from llamacy.model.mtp import MtpHead
+
+            self._mtp = MtpHead(self.model)
+        return self._mtp
 
     def slots(self) -> list[dict]:
         """Each slot as GET /slots shows it (read from another thread: a recent view)."""
@@ -157,19 +175,23 @@ class Batcher:
         )
         self.prompt_tokens_total += len(prompt)
         self.prompt_evaluated_total += len(prompt) - keep
-        seq = Running(handle, slot, keep, state, self._drafter(req, sampler))
+        seq = Running(handle, slot, keep, state, self._drafter(req, sampler, slot))
         self._active[slot] = seq
         self.n_active = len(self._active)
         return seq
 
-    def _drafter(self, req: GenerationRequest, sampler: Sampler) -> NgramDrafter | ModelDrafter | None:
+    def _drafter(
+        self, req: GenerationRequest, sampler: Sampler, slot: int
+    ) -> NgramDrafter | ModelDrafter | MtpDrafter | None:
         spec = req.speculate
         if spec is None or req.constraint is not None:  # a grammar forces what it can already
             return None
+        # A drafter's own random stream: the draft's draws must not change the target's.
+        seed = (sampler.seed * 0x9E3779B97F4A7C15 + 1) % 2**64
         if spec.mode == "draft":
-            # Its own random stream: the draft's draws must not change the target's.
-            seed = (sampler.seed * 0x9E3779B97F4A7C15 + 1) % 2**64
             return ModelDrafter(self.draft_model, spec, sampler.params, seed)
+        if spec.mode == "mtp":
+            return MtpDrafter(self.mtp_head(), slot, spec, sampler.params, seed)
         return NgramDrafter(spec)
 
     # ---- the step -----------------------------------------------------------------------------------
@@ -186,8 +208,15 @@ class Batcher:
             if s.handle.request.shift_keep is not None and not s.prefilling:
                 shift_context(s, kv)
         plan = plan_step(self._active.values(), kv, self.prefill_chunk, self._solo_chunk)
+        # The sequences drafting with the model's own prediction block read the hidden state of every
+        # position they evaluate.
+        mtp = [span for span in plan.spans if isinstance(span[0].drafter, MtpDrafter)]
+        hidden_rows = [i for _, first, n, _ in mtp for i in range(first, first + n)]
         try:
-            logits = self.model.eval_batch(*plan.arrays())
+            if hidden_rows:
+                logits, hidden = self.model.eval_batch(*plan.arrays(), hidden_rows=np.asarray(hidden_rows))
+            else:
+                logits = self.model.eval_batch(*plan.arrays())
         except BaseException as e:  # the memory of these sequences is now undefined
             for s in plan.sequences:
                 kv.clear(s.slot)
@@ -222,11 +251,28 @@ class Batcher:
             n_generated += n_tokens
             if step.finish_reason is not None:
                 self._finish(s, step.finish_reason)
+        if mtp:
+            self._observe(mtp, hidden)
         self.generated_tokens_total += n_generated
         now = time.perf_counter()
         self._recent.append((now, n_generated))
         while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
             self._recent.popleft()
+
+    def _observe(self, spans: list[tuple[Running, int, int, int]], hidden: np.ndarray) -> None:
+        """Feed each sequence's multi-token-prediction drafter the positions its memory kept this step
+        (a rejected draft's are gone) and the token it evaluates next."""
+        kv = self.model.kv
+        row = 0
+        for s, _, n, p0 in spans:
+            rows, row = hidden[row : row + n], row + n
+            if self._active.get(s.slot) is not s:  # it ended this step
+                continue
+            tokens = kv.tokens[s.slot]
+            kept = min(n, len(tokens) - p0)
+            nxt = s.next_token if not s.prefilling else s.prompt[s.n_prompt_done]
+            if kept > 0 and nxt is not None:
+                s.drafter.observe(tokens, nxt, p0, rows[:kept])  # type: ignore[union-attr]
 
     # ---- the end of a sequence ----------------------------------------------------------------------
 

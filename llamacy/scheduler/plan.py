@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llamacy.generation.shift import shifted
-from llamacy.generation.speculate import ModelDrafter, NgramDrafter
+from llamacy.generation.speculate import ModelDrafter, MtpDrafter, NgramDrafter
 from llamacy.generation.steps import SequenceState, TokenLogprob
 from llamacy.model.memory import Memory
 from llamacy.scheduler.requests import Handle
@@ -32,7 +32,7 @@ class Running:
         slot: int,
         cached: int,
         state: SequenceState,
-        drafter: NgramDrafter | ModelDrafter | None = None,
+        drafter: NgramDrafter | ModelDrafter | MtpDrafter | None = None,
     ) -> None:
         self.handle = handle
         self.slot = slot
@@ -70,6 +70,8 @@ class StepPlan:
     n_rows: list[int] = field(default_factory=list)  # rows per owner: 1, or 1 + its drafts
     decoding: list[Running] = field(default_factory=list)  # each evaluates its next_token
     chunks: list[tuple[Running, list[int]]] = field(default_factory=list)  # prompt tokens evaluated
+    # Per sequence with tokens in the batch: (it, its first batch index, how many, its first position).
+    spans: list[tuple[Running, int, int, int]] = field(default_factory=list)
 
     @property
     def sequences(self) -> list[Running]:
@@ -110,6 +112,7 @@ def plan_step(active: Iterable[Running], kv: Memory, prefill_chunk: int, solo_ch
         start = kv.length(s.slot)
         s.draft = draft_for(s, start + len(pending), kv.n_ctx, kv.max_rollback) if alone else []
         new = pending + s.draft
+        plan.spans.append((s, len(plan.tokens), len(new), start))
         plan.tokens.extend(new)  # type: ignore[arg-type]
         plan.pos.extend(range(start, start + len(new)))
         plan.seqs.extend([s.slot] * len(new))
@@ -124,6 +127,7 @@ def plan_step(active: Iterable[Running], kv: Memory, prefill_chunk: int, solo_ch
         chunk = s.prompt[s.n_prompt_done : s.n_prompt_done + budget]
         budget -= len(chunk)
         plan.chunks.append((s, chunk))
+        plan.spans.append((s, len(plan.tokens), len(chunk), s.n_prompt_done))
         plan.tokens.extend(chunk)
         plan.pos.extend(range(s.n_prompt_done, s.n_prompt_done + len(chunk)))
         plan.seqs.extend([s.slot] * len(chunk))

@@ -158,8 +158,8 @@ def _speculation(f: SamplingFields, served: ServedModel) -> Speculation | None:
                 "invalid_value",
                 "speculate",
             )
-        if f.ngram is not None:
-            raise APIError(400, 'ngram goes with speculate: "ngram"', "invalid_value", "ngram")
+    if f.speculate in ("draft", "mtp") and f.ngram is not None:
+        raise APIError(400, 'ngram goes with speculate: "ngram"', "invalid_value", "ngram")
     try:
         return speculation(f.speculate, f.draft_max, f.ngram, draft)
     except LlamacyError as e:

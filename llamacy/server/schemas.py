@@ -46,9 +46,9 @@ class SamplingFields(_Strict):
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     logit_bias: dict[str, float] | None = None  # token id (a string: JSON keys) -> bias in [-100, 100]
     # Speculative decoding of this request (llamacy's extension): "ngram" drafts by prompt lookup, up to
-    # draft_max tokens per step (n-grams of `ngram` tokens); "draft" with the server's --draft-model; the
-    # answer is distributed as without it.
-    speculate: Literal["ngram", "draft", "none"] | None = None
+    # draft_max tokens per step (n-grams of `ngram` tokens); "draft" with the server's --draft-model; "mtp"
+    # with the model's own multi-token-prediction block; the answer is distributed as without it.
+    speculate: Literal["ngram", "draft", "mtp", "none"] | None = None
     draft_max: int | None = None
     ngram: int | None = None
     # llama-server's id_slot: run in this slot (e.g. one restored from a file); -1 or absent: any slot.

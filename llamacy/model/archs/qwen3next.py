@@ -15,11 +15,15 @@ the layer is: RMSNorm -> mixer -> residual, then post_attention_norm -> feed-for
 - Norm weights are used as stored: llama.cpp's converter stores Hugging Face's zero-centred (1 + w)
   RMSNorm weights as 1 + w, all but the delta-net's gated norm (convert/hf_qwen3next.py).
 - Files from llama.cpp's converter carry nextn_predict_layers multi-token-prediction blocks after the
-  last layer, counted in block_count: they are not run, and their tensors are not bound (base.py).
+  last layer, counted in block_count. The model runs without them (base.py leaves them unbound); the first
+  is bound on its own as a drafter (mtp_config, mtp_tensors; model/mtp.py), as llama.cpp's qwen35.cpp
+  graph_mtp runs it: a full-attention layer of the model's kind fed eh_proj [enorm(embedding);
+  hnorm(hidden)], then shared_head_norm (else output_norm) and the model's output head.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from llamacy.convert.hf_qwen3next import QWEN3NEXT_HF, QWEN35_HF, QWEN35MOE_HF
@@ -27,12 +31,15 @@ from llamacy.convert.hf_spec import ArchSpec
 from llamacy.errors import UnsupportedModelError
 from llamacy.gguf_names import MODEL_TENSOR as T
 from llamacy.model.archs.base import (
+    MATRIX,
+    VECTOR,
     Architecture,
     TensorSpec,
     attention_tensors,
     gated_ffn_tensors,
     mat,
     moe_tensors,
+    tensor_name,
     vec,
     vec2d,
 )
@@ -152,6 +159,40 @@ class Qwen3Next(Architecture):
             specs += [mat("wq", T.ATTN_Q, il, 2 * cfg.n_head * cfg.head_dim, E), *attn[1:]]
         specs += moe_tensors(cfg, il) if self.moe else gated_ffn_tensors(cfg, il)
         return specs
+
+    def mtp_config(self, cfg: ModelConfig, extra: int = 0) -> ModelConfig:
+        """The first multi-token-prediction block as a model of one layer (extra = 0), or the model with
+        that block as one more layer (extra = 1: its tensors are named after layer n_layer). The block is a
+        full-attention layer with the model's feed-forward, shaped as the model's attention layers are."""
+        a = cfg.layer_mixer.index("attention")
+        lists = {
+            name: [getattr(cfg, name)[a]]
+            for name in vars(cfg)
+            if name.startswith("layer_") and isinstance(getattr(cfg, name), list)
+        }
+        if extra:
+            lists = {name: getattr(cfg, name) + one for name, one in lists.items()}
+        return replace(cfg, n_layer=cfg.n_layer + 1 if extra else 1, n_nextn=0, **lists)
+
+    def mtp_tensors(self, cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """The first multi-token-prediction block's tensors: (model-level fields, its layer's fields). Its
+        own embedding table and head are optional (Qwen's blocks share the model's)."""
+        il, E, V = cfg.n_layer, cfg.n_embd, cfg.n_vocab
+
+        def nextn(
+            field: str, tensor: T, shape: tuple[int, ...], kind: str, optional: bool = False
+        ) -> TensorSpec:
+            return TensorSpec(field, tensor_name(tensor, il), kind, shape, optional, tensor)
+
+        model = [
+            nextn("nextn_eh_proj", T.NEXTN_EH_PROJ, (E, 2 * E), MATRIX),
+            nextn("nextn_enorm", T.NEXTN_ENORM, (E,), VECTOR),
+            nextn("nextn_hnorm", T.NEXTN_HNORM, (E,), VECTOR),
+            nextn("output_norm", T.NEXTN_SHARED_HEAD_NORM, (E,), VECTOR, optional=True),
+            nextn("token_embd", T.NEXTN_EMBED_TOKENS, (V, E), MATRIX, optional=True),
+            nextn("output", T.NEXTN_SHARED_HEAD_HEAD, (V, E), MATRIX, optional=True),
+        ]
+        return model, self.layer_tensors(self.mtp_config(cfg, extra=1), il)
 
     def _deltanet_tensors(self, cfg: ModelConfig, il: int) -> list[TensorSpec]:
         E, n_v, n_k, dk = cfg.n_embd, cfg.ssm_dt_rank, cfg.ssm_n_group, cfg.ssm_d_state

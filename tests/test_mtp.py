@@ -132,9 +132,10 @@ def test_drafts_are_the_blocks_predictions(files, kind: str, monkeypatch) -> Non
 
     monkeypatch.setattr(speculate.MtpDrafter, "propose", spy)
     llm = Llama(path, n_threads=1, n_ctx=N_CTX)
-    out = [t for t, _ in llm.generate_tokens(IDS, max_tokens=6, temperature=0, speculate="mtp") if t >= 0]
-    assert len(out) == 6 and len(seen) >= 3
-    for history, draft in seen[:3]:
+    out = [t for t, _ in llm.generate_tokens(IDS, max_tokens=16, temperature=0, speculate="mtp") if t >= 0]
+    drafted = [(history, draft) for history, draft in seen if draft]  # (a pause drafts nothing)
+    assert len(out) == 16 and len(drafted) >= 3
+    for history, draft in drafted[:3]:
         ref = hf_mtp_logits(c, w, history)[-1]
         top = np.sort(ref)[-2:]
         assert draft and draft[0] == int(np.argmax(ref)), (history, draft)
@@ -162,6 +163,47 @@ def test_greedy_output_is_unchanged(files, kind: str) -> None:
         ]
         assert llm.last.stats.prompt_evaluated == len(cont) - cached
         assert again == [t for t, _ in plain.generate_tokens(cont, max_tokens=8, temperature=0) if t >= 0]
+
+
+def test_a_block_that_is_wrong_pauses_and_one_that_is_right_does_not(files, monkeypatch) -> None:
+    """The random block is never right: after a few drafts it drafts only now and then (pauses of 1, 2, 4,
+    ... steps), costing little; drafts that are always right (the known continuation standing in) never
+    pause. Both decisions follow from acceptance alone: two runs draft the same."""
+    from llamacy.generation import speculate
+
+    _, _, path = files["qwen3_5"]
+    plain = Llama(path, n_threads=1, n_ctx=N_CTX)
+    want = [t for t, _ in plain.generate_tokens(IDS, max_tokens=64, temperature=0) if t >= 0]
+    paused: list[int] = []
+    feedback = speculate.MtpDrafter.feedback
+
+    def record(self, drafted, accepted):
+        feedback(self, drafted, accepted)
+        paused.append(self.paused_steps)
+
+    monkeypatch.setattr(speculate.MtpDrafter, "feedback", record)
+    runs = []
+    for _ in range(2):
+        llm = Llama(path, n_threads=1, n_ctx=N_CTX)
+        got = [
+            t for t, _ in llm.generate_tokens(IDS, max_tokens=64, temperature=0, speculate="mtp") if t >= 0
+        ]
+        assert got == want
+        runs.append((llm.last.stats.draft_tokens, llm.last.stats.draft_accepted, paused[-1]))
+    assert runs[0] == runs[1]
+    drafted, accepted, sat_out = runs[0]
+    assert accepted == 0 and 0 < drafted <= 14 and sat_out >= 40
+    real = speculate.MtpDrafter.propose
+
+    def right(self, history, limit):
+        guess = real(self, history, limit)
+        done = len(history) - len(IDS)
+        return want[done : done + len(guess)]
+
+    monkeypatch.setattr(speculate.MtpDrafter, "propose", right)
+    llm = Llama(path, n_threads=1, n_ctx=N_CTX)
+    got = [t for t, _ in llm.generate_tokens(IDS, max_tokens=64, temperature=0, speculate="mtp") if t >= 0]
+    assert got == want and paused[-1] == 0 and llm.last.stats.draft_accepted > 20
 
 
 def test_accepted_drafts_keep_the_block_in_step(files, monkeypatch) -> None:

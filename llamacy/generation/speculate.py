@@ -33,6 +33,10 @@ DEFAULT_DRAFT_MAX = 16
 DEFAULT_MTP_DRAFT_MAX = 3
 # A chained guess below this probability (under the block's own distribution) ends the draft.
 MTP_P_MIN = 0.5
+# Drafting with the block pauses while it brings fewer accepted tokens than it costs: for 1, 2, 4, ... steps
+# (up to this many), so that a block that is wrong on this text costs little more than plain decoding.
+MTP_MAX_PAUSE = 64
+MTP_EMA = 0.25  # the weight of the newest step in the running acceptance and cost
 DEFAULT_NGRAM = 3
 MAX_DRAFT = 64
 
@@ -153,7 +157,13 @@ class MtpDrafter(_Adaptive):
     block's sequence `slot` (the model's own). The generator feeds it every position the model evaluated
     and kept (`observe`, after each step); a draft starts from the last of them and chains on the block's
     own output, with the request's sampling settings and its own random stream. A chained guess whose
-    probability falls below MTP_P_MIN ends the draft."""
+    probability falls below MTP_P_MIN ends the draft.
+
+    Each drafted token costs head.draft_cost of a plain step (mtp.py: the block's layer, the output head,
+    the row that verifies it). While the running count of accepted tokens per drafting step is below the
+    running cost of its drafts, drafting pauses, for twice as many steps each time it still does not pay
+    (up to MTP_MAX_PAUSE), and the pause goes back to one step once it does. Both counts follow from the
+    acceptance alone, so whether a step drafts is as deterministic as the drafts are."""
 
     def __init__(self, head: Any, slot: int, spec: Speculation, params: SamplingParams, seed: int) -> None:
         super().__init__(spec.draft_max)
@@ -161,6 +171,22 @@ class MtpDrafter(_Adaptive):
         self.slot = slot
         self.sampler = Sampler(replace(params, seed=seed), head.n_vocab)
         self._ready: tuple[int, np.ndarray] | None = None  # (the token the block last read, its output)
+        self._gain = 1.0  # running accepted tokens per drafting step: optimistic, so that it drafts first
+        self._cost = 0.0  # running cost of a step's drafts, in plain steps
+        self._pause = 0  # steps left without drafting
+        self._backoff = 1  # the next pause's length
+        self.paused_steps = 0  # steps it sat out (statistics, tests)
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        super().feedback(drafted, accepted)
+        if not drafted:
+            return
+        self._gain += MTP_EMA * (accepted - self._gain)
+        self._cost += MTP_EMA * (drafted * self.head.draft_cost - self._cost)
+        if self._gain < self._cost:
+            self._pause, self._backoff = self._backoff, min(MTP_MAX_PAUSE, 2 * self._backoff)
+        else:
+            self._backoff = 1
 
     def observe(self, tokens: Sequence[int], nxt: int, p0: int, rows: np.ndarray) -> None:
         """After a step: the model kept positions p0 .. p0 + len(rows) - 1 (rows: their final hidden
@@ -171,6 +197,10 @@ class MtpDrafter(_Adaptive):
     def propose(self, history: Sequence[int], limit: int) -> list[int]:
         limit = min(limit, self.length)
         self.probs = []
+        if self._pause:
+            self._pause -= 1
+            self.paused_steps += 1
+            return []
         # The block must have read the token about to be evaluated (history's last): else nothing to say.
         if limit <= 0 or self._ready is None or self._ready[0] != history[-1]:
             return []

@@ -38,6 +38,27 @@ def mtp_support(model: Any) -> str | None:
     return None
 
 
+def draft_cost(model: Any) -> float:
+    """What one drafted token costs, in plain decoding steps, counted in bytes read (decode streams its
+    bytes): the block's layer and the output head to make it, and, to verify it, one more row through the
+    model, which on a recurrent layer reads and writes its state and copies it for rollback. A plain step
+    reads every weight once (an untied embedding one row) and each recurrent state twice. Computed from
+    the file, not timed, so that whether a request drafts never depends on the machine's load (a seeded
+    sampled answer stays reproducible)."""
+    cfg, tensors = model.cfg, model.gguf.tensors
+    block = f"blk.{cfg.n_layer}."
+    embd = tensors["token_embd.weight"]
+    head = tensors.get("output.weight", embd)
+    step = 0
+    for name, t in tensors.items():
+        if name.startswith("blk.") and int(name.split(".")[1]) >= cfg.n_layer:
+            continue  # the prediction blocks
+        step += t.n_bytes // t.shape[0] if t is embd and head is not embd else t.n_bytes
+    state = sum(lm.state[0, 0].nbytes for lm in model.memory.recurrent)
+    drafting = head.n_bytes + sum(t.n_bytes for name, t in tensors.items() if name.startswith(block))
+    return (drafting + 3 * state) / (step + 2 * state)
+
+
 class MtpHead:
     """The first multi-token-prediction block of `model`, with a memory of its own for each of the model's
     sequences (a `draft` sits in sequence `slot`)."""
@@ -66,6 +87,7 @@ class MtpHead:
         self.src: list[list[int]] = [[] for _ in range(model.kv.n_seq)]  # per entry, the model position
         self.n_vocab = model.cfg.n_vocab
         self.n_embd = model.cfg.n_embd
+        self.draft_cost = draft_cost(model)
 
     def _weights(self) -> ModelWeights:
         """The block's weights; the embeddings, head and (without shared_head_norm) final norm are the

@@ -44,8 +44,9 @@ MAX_DRAFT = 64
 @dataclass(frozen=True)
 class Speculation:
     """mode "ngram": prompt lookup; "draft": a smaller model with the same vocabulary (draft_model, a path
-    or a known name) proposes; "mtp": the model's own multi-token-prediction block. draft_max: the most tokens drafted per step. ngram: the length of the n-gram
-    looked up (shorter ones match more often, by chance too)."""
+    or a known name) proposes; "mtp": the model's own multi-token-prediction block. draft_max: the most
+    tokens drafted per step. ngram: the length of the n-gram looked up (shorter ones match more often, by
+    chance too)."""
 
     mode: str = "ngram"
     draft_max: int = DEFAULT_DRAFT_MAX

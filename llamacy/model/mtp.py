@@ -6,7 +6,7 @@ token at j + 1, and predicts the token at j + 2:
     x = eh_proj [enorm(embed(token j+1)); hnorm(hidden j)] -> full-attention layer -> shared_head_norm -> head
 It attends over its own earlier entries, so every position the model evaluates is fed to it once the token
 after it is known (`observe`). A draft chains: the block's own normed output stands in for the model's
-hidden state of the drafted position (`draft`); those entries are dropped again after drafting.
+hidden state of the drafted position (`chain`); those entries are dropped again after drafting.
 
 Entries are kept per sequence in compact order: entry e sits at rotary position e, and `src` records the
 model position it stands for. A position whose hidden state is gone (a turn that reuses a cached prefix
@@ -49,9 +49,10 @@ def draft_cost(model: Any) -> float:
     block = f"blk.{cfg.n_layer}."
     embd = tensors["token_embd.weight"]
     head = tensors.get("output.weight", embd)
+    blocks = tuple(f"blk.{il}." for il in range(cfg.n_layer, cfg.n_layer + cfg.n_nextn))
     step = 0
     for name, t in tensors.items():
-        if name.startswith("blk.") and int(name.split(".")[1]) >= cfg.n_layer:
+        if name.startswith(blocks):
             continue  # the prediction blocks
         step += t.n_bytes // t.shape[0] if t is embd and head is not embd else t.n_bytes
     state = sum(lm.state[0, 0].nbytes for lm in model.memory.recurrent)

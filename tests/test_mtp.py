@@ -23,6 +23,7 @@ from llamacy.model.mtp import MtpHead
 from llamacy.sampling import SamplingParams
 from llamacy.scheduler import GenerationRequest, Scheduler
 from tests.hf_qwen3next import hf_config, hf_hidden, hf_mtp_logits, random_weights, write_llama_cpp_gguf
+from tests.test_qwen3next import _rel
 
 KINDS = ("qwen3_5", "qwen3_next", "qwen3_5_moe")
 F32_BOUND = 1e-4  # relative to the largest value: float32 arithmetic against float64
@@ -30,12 +31,10 @@ N_CTX = 128
 IDS = np.random.default_rng(11).integers(3, 300, 14).tolist()
 
 
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(a - ref).max() / np.abs(ref).max())
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, tuple[dict, dict, Path]]:
+    """Per kind: (config, checkpoint tensors, llama.cpp-style F32 GGUF with its MTP block), a context of
+    N_CTX (test_qwen3next.py's files have the default)."""
     out = {}
     for kind in KINDS:
         c = hf_config(kind, max_position_embeddings=N_CTX)

@@ -42,15 +42,10 @@ def read_bandwidth(buf: np.ndarray, n_threads: int, reps: int = 4) -> float:
 
 
 def bytes_per_token(tensors: dict) -> int:
-    """Weight bytes one decode step reads: every tensor once, except an untied token embedding, of which
-    it reads one row (with a tied one the output head reads all of it)."""
-    total = 0
-    for name, t in tensors.items():
-        if name == "token_embd.weight" and "output.weight" in tensors:
-            total += t.n_bytes // (t.n_elements // t.shape[-1])  # one row
-        else:
-            total += t.n_bytes
-    return total
+    """Weight bytes one decode step reads (llamacy.model.weights.decode_weight_bytes)."""
+    from llamacy.model.weights import decode_weight_bytes
+
+    return decode_weight_bytes(tensors)
 
 
 def main(argv: list[str] | None = None) -> int:

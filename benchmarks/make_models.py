@@ -87,52 +87,43 @@ MODELS: dict[str, Shape] = {
 # Hybrid models (issue #25), written with the tests' checkpoint writers (tests/hf_qwen3next.py,
 # tests/hf_nemotron_h.py) at real sizes, float32, random weights; their tokenizer is the tests' small BPE one,
 # padded by the converter to the real vocabulary size (the embedding's and output head's rows).
+_QWEN35_08B = dict(
+    kind="qwen3_5",
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    intermediate_size=3584,
+    full_attention_interval=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    vocab_size=248320,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+)
+_MTP = dict(mtp=True, mtp_num_hidden_layers=1)  # with one multi-token-prediction block (random_weights)
 HYBRIDS: dict[str, dict] = {
     # Qwen3.5-0.8B's text model as we read its config: width 1024, 24 layers of which every 4th is gated
     # attention (8 heads, 2 KV, head 256, a quarter rotated), the rest gated delta-nets (16 key and 16
     # value heads of 128, convolution 4); FFN 3584; vocabulary 248320, tied embedding.
-    "qwen3.5-0.8b": dict(
-        kind="qwen3_5",
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=256,
-        intermediate_size=3584,
-        full_attention_interval=4,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_num_key_heads=16,
-        linear_num_value_heads=16,
-        vocab_size=248320,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
+    "qwen3.5-0.8b": _QWEN35_08B,
     # The same with its multi-token-prediction block (mtp.*: one gated-attention layer and its FFN, as
     # the released checkpoints carry), for speculate mtp (bench_mtp.py).
-    "qwen3.5-0.8b-mtp": dict(kind="qwen3_5", mtp=True),
+    "qwen3.5-0.8b-mtp": {**_QWEN35_08B, **_MTP},
     # Not a released shape: Qwen3.5's layer pattern at width 2048 (2.2B parameters, 16 attention heads of
     # 256 with 2 KV, 16 key / 32 value delta-net heads of 128, FFN 6144), with its MTP block: the cost
     # side of speculate mtp on a model whose head is a smaller share of a step (bench_mtp.py).
-    "hybrid-2b-mtp": dict(
-        kind="qwen3_5",
-        mtp=True,
-        hidden_size=2048,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        intermediate_size=6144,
-        full_attention_interval=4,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        vocab_size=248320,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-        mtp_num_hidden_layers=1,
-    ),
+    "hybrid-2b-mtp": {
+        **_QWEN35_08B,
+        **_MTP,
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "intermediate_size": 6144,
+        "linear_num_value_heads": 32,
+    },
     # A Nemotron-H layer mix at 1.3B: Nemotron-H-8B's pattern style (Mamba2 / MLP alternating, an attention
     # layer every ~8) at width 2048: 11 Mamba2 layers (64 heads of 64, d_state 128, 8 groups), 2 attention
     # (16 heads, 4 KV, head 128, no RoPE), 11 ReLU² MLPs of 8192; vocabulary 131072, untied head.
@@ -462,9 +453,6 @@ def write_hybrid(directory: Path, name: str) -> None:
     from tests.hf_qwen3next import hf_config, random_weights, write_hf
 
     mtp = spec.pop("mtp", False)
-    if mtp and name.removesuffix("-mtp") in HYBRIDS:  # a model above with its block
-        spec = {**HYBRIDS[name.removesuffix("-mtp")], **spec, "mtp_num_hidden_layers": 1}
-        spec.pop("kind")
     c = hf_config(kind, **spec)
     write_hf(directory, c, random_weights(c, mtp=mtp))
 

@@ -51,6 +51,8 @@ PROFILE_NAMES = (
     "mixture of experts",
 )
 
+_NO_ROWS = np.zeros(0, np.int32)  # eval's hidden_rows when none are asked for
+
 # Deep into a long prompt a micro-batch's attention work grows with the position: micro-batches shrink so
 # that tokens x position stays under this (256 tokens at position 1024), to 16 tokens at least.
 cdef enum:
@@ -314,7 +316,7 @@ cdef class Forward:
             if h_rows.shape[0]:
                 h_out_p = &h_out[0, 0]
         else:
-            h_rows = np.zeros(0, np.int32)
+            h_rows = _NO_ROWS
         cdef Py_ssize_t width = self.hp.n_embd if hidden else self.hp.n_vocab
         if logits.shape[0] != logit_rows.shape[0] or (logit_rows.shape[0] and logits.shape[1] != width):
             raise ValueError("logits buffer does not match logit_rows")
@@ -372,7 +374,7 @@ cdef class Forward:
     def head(self, const float[:, ::1] normed, float[:, ::1] logits, int nthreads):
         """The output head alone over rows already normed (a multi-token-prediction drafter's own output,
         mtp.py): logits [n, n_vocab]."""
-        cdef Py_ssize_t n = normed.shape[0], j
+        cdef Py_ssize_t n = normed.shape[0]
         if normed.shape[1] != self.hp.n_embd or logits.shape[0] != n or logits.shape[1] != self.hp.n_vocab:
             raise ValueError("head: rows of n_embd values in, rows of n_vocab logits out")
         if n > self.scratch.ubatch:
@@ -380,13 +382,8 @@ cdef class Forward:
         if n == 0:
             return
         nthreads = max(1, min(nthreads, self.scratch.threads_max))
-        cdef float* out = &logits[0, 0]
-        cdef float cap = self.hp.final_softcap
         with nogil:
-            product(&self.pr, &self.w.output, &normed[0, 0], self.hp.n_embd, n, out, NULL, nthreads, P_MM_OUT)
-            if cap > 0.0:
-                for j in range(n * self.hp.n_vocab):
-                    out[j] = cap * tanhf(out[j] / cap)
+            self._logits(&normed[0, 0], n, &logits[0, 0], nthreads)
 
     def _check_order(self, const int32_t[::1] pos, const int32_t[::1] seq):
         """A recurrent state holds its sequence's last position only: each sequence's tokens must continue
@@ -499,11 +496,17 @@ cdef class Forward:
             norm_row(hp.norm, s.x + (out_rows[j] - row0) * E, self.w.output_norm, self.w.output_norm_b,
                      normed + j * E, E, hp.rms_eps)
         if n_out and not hidden:
-            product(pr, &self.w.output, s.xn, E, n_out, out, NULL, nthreads, P_MM_OUT)
-            if hp.final_softcap > 0.0:
-                for j in range(n_out * hp.n_vocab):
-                    out[j] = hp.final_softcap * tanhf(out[j] / hp.final_softcap)
+            self._logits(s.xn, n_out, out, nthreads)
         lap(pr, P_ELEM)
+
+    cdef void _logits(self, const float* normed, Py_ssize_t n, float* out, int nthreads) noexcept nogil:
+        """The output head over n rows already normed, soft-capped where the model caps its logits."""
+        cdef Py_ssize_t j
+        cdef float cap = self.hp.final_softcap
+        product(&self.pr, &self.w.output, normed, self.hp.n_embd, n, out, NULL, nthreads, P_MM_OUT)
+        if cap > 0.0:
+            for j in range(n * self.hp.n_vocab):
+                out[j] = cap * tanhf(out[j] / cap)
 
     cdef void _nextn_input(self, const float* h_in, Py_ssize_t n, int nthreads) noexcept nogil:
         """A multi-token-prediction block's input (llama.cpp's qwen35.cpp graph_mtp): s.x holds the tokens'

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from llamacy.errors import UsageError
-from llamacy.model.weights import ModelWeights, WeightBinder
+from llamacy.model.weights import ModelWeights, WeightBinder, decode_weight_bytes
 
 
 def mtp_support(model: Any) -> str | None:
@@ -47,14 +47,9 @@ def draft_cost(model: Any) -> float:
     sampled answer stays reproducible)."""
     cfg, tensors = model.cfg, model.gguf.tensors
     block = f"blk.{cfg.n_layer}."
-    embd = tensors["token_embd.weight"]
-    head = tensors.get("output.weight", embd)
+    head = tensors.get("output.weight", tensors["token_embd.weight"])
     blocks = tuple(f"blk.{il}." for il in range(cfg.n_layer, cfg.n_layer + cfg.n_nextn))
-    step = 0
-    for name, t in tensors.items():
-        if name.startswith(blocks):
-            continue  # the prediction blocks
-        step += t.n_bytes // t.shape[0] if t is embd and head is not embd else t.n_bytes
+    step = decode_weight_bytes(tensors, skip=blocks)
     state = sum(lm.state[0, 0].nbytes for lm in model.memory.recurrent)
     drafting = head.n_bytes + sum(t.n_bytes for name, t in tensors.items() if name.startswith(block))
     return (drafting + 3 * state) / (step + 2 * state)
@@ -105,9 +100,6 @@ class MtpHead:
         deferred = self.model.weights.deferred
         if deferred is not None and deferred.generation != self._generation:
             self.forward.rebind(self._weights())
-
-    def length(self, slot: int) -> int:
-        return self.memory.length(slot)
 
     def _eval(self, slot: int, tokens: Sequence[int], hidden: np.ndarray, logits: bool) -> tuple:
         """Append entries (tokens[i], hidden[i]) to slot; return the last entry's (logits or None, normed

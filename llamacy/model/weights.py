@@ -138,12 +138,8 @@ class WeightBinder:
         """defer: where matrices are to be repacked, bind them as stored and leave the repacking to
         ModelWeights.deferred (repack.py's DeferredRepack), which evaluations advance."""
         from llamacy.model.archs import ARCHITECTURES
-        from llamacy.model.repack import repack_enabled
 
-        if self.repack is None:
-            self.repack = repack_enabled()
-        if self.repack:
-            self._file = _file_identity(self.source)
+        self._repack_setting()
         c = self.cfg
         arch = ARCHITECTURES[c.arch]
         used: set[str] = set()
@@ -170,18 +166,23 @@ class WeightBinder:
             )
         return ModelWeights(fields, layers, c.layers, deferred)
 
-    def bind_block(
-        self, model_specs: list[TensorSpec], layer_specs: list[TensorSpec]
-    ) -> tuple[dict[str, Matrix | Vector | None], dict[str, Matrix | Vector | None]]:
-        """A block bound apart from the model (a multi-token-prediction block, model/mtp.py): its
-        model-level fields and its layer's, each found and checked, and repacked now where the model's
-        matrices would be (the block is one layer: no deferring)."""
+    def _repack_setting(self) -> None:
+        """Settle whether matrices are repacked (None: where this CPU has such kernels and LLAMACY_REPACK
+        is not 0) and, if so, the file's identity that repacked matrices are shared under."""
         from llamacy.model.repack import repack_enabled
 
         if self.repack is None:
             self.repack = repack_enabled()
         if self.repack:
             self._file = _file_identity(self.source)
+
+    def bind_block(
+        self, model_specs: list[TensorSpec], layer_specs: list[TensorSpec]
+    ) -> tuple[dict[str, Matrix | Vector | None], dict[str, Matrix | Vector | None]]:
+        """A block bound apart from the model (a multi-token-prediction block, model/mtp.py): its
+        model-level fields and its layer's, each found and checked, and repacked now where the model's
+        matrices would be (the block is one layer: no deferring)."""
+        self._repack_setting()
         used: set[str] = set()
         fields = self._bind_all(model_specs, used, False)
         layer = self._bind_all(layer_specs, used, False)
@@ -273,6 +274,21 @@ class WeightBinder:
         if len(spec.shape) == 2:
             return self.vector(spec.name, spec.shape[0] * spec.shape[1], spec.optional, spec.shape)
         return self.vector(spec.name, spec.shape[0], optional=spec.optional)
+
+
+def decode_weight_bytes(tensors: dict[str, Any], skip: tuple[str, ...] = ()) -> int:
+    """Weight bytes one decode step reads: every tensor once, except an untied token embedding, of which it
+    reads one row (with a tied one the output head reads all of it). skip: name prefixes of tensors the
+    step does not run (a file's multi-token-prediction blocks)."""
+    total = 0
+    for name, t in tensors.items():
+        if skip and name.startswith(skip):
+            continue
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            total += t.n_bytes // (t.n_elements // t.shape[-1])  # one row
+        else:
+            total += t.n_bytes
+    return total
 
 
 def _file_identity(path: str) -> tuple | None:
